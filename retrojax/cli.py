@@ -1,0 +1,104 @@
+"""The ``retrojax`` command line.
+
+Every subcommand is declared here (flags and help) and dispatched lazily to a handler
+``module:function`` taking the parsed ``argparse.Namespace`` and returning an exit code, so that
+``retrojax --help`` stays fast and each part of the library owns its own handler module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+
+def _add_config_args(p: argparse.ArgumentParser, default: str | None = None) -> None:
+    p.add_argument("--config", default=default, help="YAML config under configs/ (or any path)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config field, e.g. --set trial.max_calls=40 (repeatable)",
+    )
+
+
+def _handler(target: str):
+    def run(args: argparse.Namespace) -> int:
+        module, func = target.split(":")
+        return int(getattr(importlib.import_module(module), func)(args) or 0)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retrojax", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    # --- bench -------------------------------------------------------------------------------
+    bench = sub.add_parser("bench", help="print speed figures under stable keys")
+    bench_sub = bench.add_subparsers(dest="bench_target", required=True)
+    for name, target, help_ in [
+        ("envs", "retrojax.bench.envs:main", "functional environments: steps/s, rewind, generation"),
+        ("sampler", "retrojax.bench.sampler:main", "KV-cache sampler vs transformers and re-prefill"),
+        ("update", "retrojax.bench.update:main", "jitted GRPO update vs bare forward+backward"),
+        ("textworlds", "retrojax.bench.textworlds:main", "ScienceWorld / ALFWorld bridge"),
+    ]:
+        p = bench_sub.add_parser(name, help=help_)
+        p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+        p.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
+        p.set_defaults(func=_handler(target))
+
+    # --- play --------------------------------------------------------------------------------
+    play = sub.add_parser("play", help="play an environment in the terminal")
+    play_sub = play.add_subparsers(dest="env", required=True)
+    for name, split in [("sokoban", "sokoban-6x6-2:test"), ("minesweeper", "minesweeper-6x6-3:test")]:
+        p = play_sub.add_parser(name)
+        p.add_argument("--split", default=split, help="registered split NAME:train|test")
+        p.add_argument("--index", type=int, default=0, help="level index within the split")
+        p.set_defaults(func=_handler(f"retrojax.play.{name}:main"))
+
+    # --- generate ----------------------------------------------------------------------------
+    gen = sub.add_parser("generate", help="chat-formatted generation from a local checkpoint")
+    gen.add_argument("--model", required=True, help="directory with config.json + safetensors")
+    gen.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=_handler("retrojax.generate:main"))
+
+    # --- eval --------------------------------------------------------------------------------
+    ev = sub.add_parser("eval", help="run trials with a policy under protocols and report success")
+    _add_config_args(ev, default="configs/sokoban.yaml")
+    ev.add_argument("--policy", default="oracle:0.3", help="random | oracle:EPS | model:DIR")
+    ev.add_argument("--protocol", action="append", default=None,
+                    help="P@1 | T@1 | T@3 | T@k (repeatable or comma-separated)")
+    ev.add_argument("--split", default=None, help="NAME:train|test (default: the config's)")
+    ev.add_argument("--seeds", type=int, default=3)
+    ev.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
+    ev.add_argument("--json", default=None)
+    ev.set_defaults(func=_handler("retrojax.eval.protocol:main"))
+
+    # --- train -------------------------------------------------------------------------------
+    tr = sub.add_parser("train", help="ReTRAIL training (State-Anchored GRPO)")
+    _add_config_args(tr, default="configs/sokoban_tiny.yaml")
+    tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    tr.set_defaults(func=_handler("retrojax.learn.trainer:main"))
+
+    # --- demo --------------------------------------------------------------------------------
+    demo = sub.add_parser("demo", help="the built-in default: SFT + ReTRAIL RL on small Sokoban, on CPU")
+    _add_config_args(demo, default="configs/demo.yaml")
+    demo.set_defaults(func=_handler("retrojax.demo:main"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

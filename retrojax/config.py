@@ -1,0 +1,286 @@
+"""Typed configuration: YAML files loaded into frozen dataclasses.
+
+Each section of a run's configuration is a frozen dataclass; ``load(path, overrides)`` reads a YAML
+file, applies ``--set a.b=c`` overrides, and builds the dataclasses, rejecting unknown keys and values
+of the wrong type with an error that names the key and the file. Sections are declared here so that a
+run's whole configuration is readable in one place; the modules that consume them own the meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """Which world, which tasks."""
+
+    name: str = "sokoban"  # sokoban | minesweeper | scienceworld | alfworld
+    split: str = "sokoban-6x6-2"  # registered split name (train/test selected by the job)
+    cache_dir: str | None = None  # where generated level banks are cached (default: user cache)
+    num_tasks: int | None = None  # use only the first N tasks of a split (None = all)
+    text_workers: int = 2  # worker processes for host-side text worlds
+    step_timeout_s: float = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The policy: a local Hugging Face checkpoint, or a built-in small Qwen3."""
+
+    path: str | None = None  # local checkpoint directory; None = build the preset
+    tokenizer: str | None = None  # tokenizer directory; default: `path`
+    preset: str = "tiny"  # qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | tiny | demo
+    dtype: str = "float32"  # float32 | bfloat16
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Decoding and the KV cache."""
+
+    max_len: int = 4096  # cache length per row (tokens)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256  # per execution call
+    max_reflection_tokens: int = 384  # per reflection call
+    chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialConfig:
+    """ReTRAIL's budgets and protocol for one trial (Algorithm 1)."""
+
+    protocol: str = "T@3"  # P@1 | T@1 | T@k
+    max_calls: int = 60  # global ceiling, execution + reflection, never refunded
+    branch_budget: int = 20  # execution turns on the active path; restored on rewind
+    max_model_rewinds: int = 3
+    min_calls_for_recovery: int = 2
+    fallback: str = "latest"  # latest | end: when a forced reflection names no valid target
+    remark_max_chars: int = 4800
+    prompt_style: str = "full"  # full | compact
+    trials_per_task: int = 8  # B: trials of one task form a group
+    history_events: int = 4  # branch events shown in each user turn
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnConfig:
+    """State-Anchored GRPO and the optimizer."""
+
+    estimator: str = "sa_grpo"  # sa_grpo | grpo | rloo | gigpo | gigpo_retro
+    reflection_reward: str = "advancement"  # advancement | v_plus_only
+    lambda_state: float = 1.0
+    lambda_ref: float = 0.5
+    gamma: float = 1.0
+    norm_eps: float = 1e-6
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    learning_rate: float = 1e-6
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    updates: int = 100
+    tasks_per_update: int = 4
+    minibatches: int = 1
+    logprob_chunk: int = 512
+    seq_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    protocols: tuple[str, ...] = ("P@1", "T@1", "T@3")
+    every: int = 0  # evaluate every N updates during training (0 = only at the end)
+    num_tasks: int | None = 32
+    seeds: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    out_dir: str = "runs/default"
+    seed: int = 0
+    keep_checkpoints: int = 3
+    log_every: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Warm start on demonstrations (used by the demo)."""
+
+    steps: int = 300
+    batch_size: int = 16
+    learning_rate: float = 1e-3
+    seq_len: int = 512
+    num_solver_episodes: int = 256
+    num_recovery_episodes: int = 128
+    vocab_size: int = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A whole run."""
+
+    env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    sampler: SamplerConfig = dataclasses.field(default_factory=SamplerConfig)
+    trial: TrialConfig = dataclasses.field(default_factory=TrialConfig)
+    learn: LearnConfig = dataclasses.field(default_factory=LearnConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and validation
+# ----------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert only lossless cases (int→float, list→tuple)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for opt in options:
+            if opt is type(None):
+                continue
+            try:
+                return _coerce(value, opt, key, source)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{source}: key '{key}' expects {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: key '{key}' is a section and expects a mapping, got {value!r}")
+        return _build(tp, value, source, prefix=f"{key}.")
+    if origin in (tuple, list, Sequence) or tp in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: key '{key}' expects a list, got {value!r}")
+        args = typing.get_args(tp)
+        item_tp = args[0] if args else Any
+        items = [_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value)]
+        return tuple(items) if (origin is tuple or tp is tuple) else items
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"{source}: key '{key}' expects {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown key '{prefix}{unknown[0]}' "
+            f"(known in this section: {', '.join(sorted(names))})"
+        )
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}{k}", source) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: '{dotted}' goes through '{part}', which is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``a.b=c``; the value is read as YAML so numbers, booleans, null and lists keep their type."""
+    if "=" not in text:
+        raise ConfigError(f"--set '{text}': expected KEY=VALUE, e.g. trial.max_calls=40")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set '{text}': empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def from_dict(data: Mapping[str, Any] | None, cls: type = Config, source: str = "<dict>") -> Any:
+    return _build(cls, dict(data or {}), source)
+
+
+def load(path: str | Path | None, overrides: Sequence[str] = (), cls: type = Config) -> Any:
+    """Read a YAML config (or defaults when ``path`` is None), apply overrides, validate, freeze."""
+    data: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            candidate = Path(__file__).resolve().parent.parent / "configs" / p.name
+            if candidate.exists():
+                p = candidate
+            else:
+                raise ConfigError(f"config file not found: {path}")
+        source = str(p)
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{source}: not valid YAML: {e}") from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections")
+        data = loaded
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_path(data, key, value, f"--set {text}")
+    return _build(cls, data, source if not overrides else f"{source} (with --set overrides)")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain-data view (for reports and checkpoints)."""
+    return dataclasses.asdict(cfg)
+
+
+def replace(cfg: Any, **sections: Any) -> Any:
+    """``dataclasses.replace`` for nested sections: ``replace(cfg, trial={'max_calls': 10})``."""
+    updates = {}
+    for name, value in sections.items():
+        current = getattr(cfg, name)
+        updates[name] = dataclasses.replace(current, **value) if isinstance(value, Mapping) else value
+    return dataclasses.replace(cfg, **updates)
