@@ -1,0 +1,418 @@
+"""Batched multi-turn KV-cache sampler whose rows rewind with the environment.
+
+Each trial owns one *row* of a fixed-shape KV cache (``rows`` × ``max_len`` slots). Per agent tick the caller:
+
+    sampler.append(rows, chunks)               # new observation tokens: one jitted prefill (bucketed)
+    outs = sampler.generate(rows, 256, key=k,  # one jitted lax.while_loop until every listed row stopped
+                            stop_token_ids=[im_end], stop_strings=["</action>"])
+    pos = sampler.mark(row)                    # at an environment checkpoint C_j: remember the position
+    sampler.rewind(row, pos)                   # rewind to C_j: the row's context is that prefix again
+    sampler.reset(row)                         # a new trial in this row
+
+Generated tokens become part of the row's conversation (the next append continues after them). Rows not listed
+in a call are never written. Rewinding recomputes nothing: slot i always holds the keys/values of conversation
+token i, so returning to a prefix is a change of the row's length on host; later appends overwrite the stale
+slots.
+
+Bookkeeping (host, numpy): per-row token ids and lengths (:class:`retrojax.sampling.rows.RowBook`). The last
+token of a conversation is *pending* — its keys/values are written by the next append or by the first decode
+step, which needs its logits anyway — so every slot is written exactly once and no logits are stored.
+
+Device (jit, static shapes, cache donated): ``_prefill`` writes up to one bucket of tokens per row
+(``chunk_buckets``; longer chunks go in several calls), ``_decode`` runs the whole decode in one
+``lax.while_loop``: sampling (:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via
+per-token automaton tables (:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
+one per chunk bucket, one per (power-of-two max_new_tokens, stop-id count, stop-string table shape).
+
+Capacity: a row holds at most ``max_len`` tokens. ``append`` past it raises :class:`CacheOverflowError` before
+anything is written (check ``room(row)`` first); ``generate`` stops a row that fills up with finish reason
+``length`` and says so in ``Generation.reason``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from retrojax.model.qwen3 import KVCache, Qwen3, init_cache
+from retrojax.sampling.distribution import row_keys, sample
+from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
+from retrojax.sampling.stops import (
+    StopStringTables,
+    first_stop_token_index,
+    pow2_at_least,
+    token_bytes_table,
+    truncate_text,
+)
+
+__all__ = ["CacheOverflowError", "Generation", "Sampler", "SamplerError"]
+
+_WHY_LENGTH, _WHY_STOP_TOKEN, _WHY_STOP_STRING = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One row's reply from :meth:`Sampler.generate`.
+
+    ``ids``/``logprobs`` cover every generated token (all of them are now in the row's conversation, including
+    a final stop token). ``text`` is the decoded reply without a final stop token and cut just after the first
+    stop string (None without a tokenizer). ``finish_reason`` is ``'stop'`` or ``'length'``; ``reason`` says
+    which stop token/string or which limit (``max_new_tokens`` or a full cache row); ``stop`` is the stop
+    token id or stop string that ended it, else None.
+    """
+
+    row: int
+    ids: np.ndarray
+    logprobs: np.ndarray
+    text: str | None
+    finish_reason: str
+    reason: str
+    stop: int | str | None = None
+
+
+class Sampler:
+    """Fixed ``rows`` × ``max_len`` KV cache over a :class:`Qwen3` model; see the module docstring.
+
+    ``tokenizer`` (optional) needs ``decode(ids) -> str`` for ``Generation.text`` and a readable vocabulary
+    for stop strings (see :func:`retrojax.sampling.stops.token_bytes_table`). ``chunk_buckets`` are the
+    prefill lengths compiled for. ``cache_dtype`` defaults to the model's dtype.
+    """
+
+    def __init__(
+        self,
+        model: Qwen3,
+        *,
+        rows: int,
+        max_len: int,
+        tokenizer: Any = None,
+        chunk_buckets: Sequence[int] = (32, 128, 512, 2048),
+        cache_dtype: Any = None,
+    ):
+        self.config = model.config
+        self.book = RowBook(rows, max_len, self.config.vocab_size)
+        self.buckets = clip_buckets(chunk_buckets, max_len)
+        self.tokenizer = tokenizer
+        self._graphdef, self._state = nnx.split(model)
+        self.cache: KVCache = init_cache(self.config, rows, max_len, cache_dtype or model.dtype)
+        self._stop_tables: StopStringTables | None = None
+        self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
+                      "generated_tokens": 0}
+        self.traces = {"prefill": 0, "decode": 0, "next_logits": 0}
+        self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
+        self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnames=("out_len",))
+        self._next_logits = jax.jit(self._next_logits_impl, donate_argnums=(1,))
+
+    # --- public: sizes and bookkeeping ------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return self.book.rows
+
+    @property
+    def max_len(self) -> int:
+        return self.book.max_len
+
+    def length(self, row: int) -> int:
+        """Tokens in ``row``'s conversation."""
+        return int(self.book.length[self.book.row(row)])
+
+    def room(self, row: int) -> int:
+        """Tokens ``row`` can still take (appended or generated) before its cache row is full."""
+        row = self.book.row(row)
+        return self.max_len - int(self.book.length[row])
+
+    def tokens(self, row: int) -> np.ndarray:
+        """A copy of ``row``'s conversation ids (prompt, appended and generated tokens, in order)."""
+        row = self.book.row(row)
+        return self.book.tokens[row, : self.book.length[row]].copy()
+
+    def mark(self, row: int) -> int:
+        """The row's current position (its length); pass it to :meth:`rewind` later."""
+        return self.length(row)
+
+    def rewind(self, row: int, position: int) -> None:
+        """Return ``row`` to its first ``position`` tokens, exactly as before the later tokens; no compute.
+
+        ``position`` refers to the row's *current* conversation (0 ≤ position ≤ length).
+        """
+        row = self.book.row(row)
+        self.book.length[row] = self.book.position(row, position)
+
+    def reset(self, row: int) -> None:
+        """Empty ``row`` (a new conversation)."""
+        self.rewind(row, 0)
+
+    def update_model(self, model: Qwen3) -> None:
+        """Sample from new weights of the same architecture (e.g. after a learner update).
+
+        Cached keys/values were computed with the old weights; reset or rewind rows whose context must be
+        recomputed.
+        """
+        if model.config != self.config:
+            raise SamplerError("update_model needs a model with the same config as the sampler's")
+        self._graphdef, self._state = nnx.split(model)
+
+    # --- public: device work ------------------------------------------------------------------------
+    def append(self, rows: Sequence[int], token_chunks: Sequence[Sequence[int]]) -> None:
+        """Append ``token_chunks[i]`` to row ``rows[i]``'s conversation (prefill), all rows together.
+
+        Raises :class:`CacheOverflowError` (writing nothing) if a row would exceed ``max_len``.
+        """
+        rows = self.book.row_list(rows)
+        if isinstance(token_chunks, (str, bytes)) or len(token_chunks) != len(rows):
+            raise SamplerError(f"append needs one token chunk per row: {len(rows)} rows")
+        chunks = [self.book.chunk(r, c) for r, c in zip(rows, token_chunks, strict=True)]
+        over = [(r, int(self.book.length[r]), c.size) for r, c in zip(rows, chunks, strict=True)
+                if self.book.length[r] + c.size > self.max_len]
+        if over:
+            detail = ", ".join(f"row {r}: {n} + {k} tokens" for r, n, k in over)
+            raise CacheOverflowError(f"append would exceed max_len={self.max_len} ({detail}); nothing "
+                                     "written. Rewind/reset the row or use a longer cache.")
+        pending: dict[int, tuple[int, np.ndarray]] = {}
+        for r, c in zip(rows, chunks, strict=True):
+            if c.size == 0:
+                continue
+            start = self.book.written(r)
+            self.book.extend(r, c)
+            self.stats["prefill_tokens"] += int(c.size)
+            # write every token but the new last one (it stays pending), starting at the old pending token
+            to_write = self.book.tokens[r, start : int(self.book.length[r]) - 1]
+            if to_write.size:
+                pending[r] = (start, to_write)
+        while pending:
+            width = bucket_for(max(t.size for _, t in pending.values()), self.buckets)
+            ids = np.zeros((self.rows, width), dtype=np.int32)
+            write_start = np.full((self.rows,), self.max_len, dtype=np.int32)
+            left: dict[int, tuple[int, np.ndarray]] = {}
+            for r, (start, toks) in pending.items():
+                part = toks[:width]
+                ids[r, : part.size] = part
+                write_start[r] = start
+                if toks.size > width:
+                    left[r] = (start + width, toks[width:])
+            self.cache = self._prefill(self._state, self.cache, jnp.asarray(ids), jnp.asarray(write_start))
+            self.stats["prefill_calls"] += 1
+            pending = left
+
+    def next_logits(self, rows: Sequence[int]) -> np.ndarray:
+        """Float32 logits [len(rows), V] of the next token of each listed row (rows must be non-empty)."""
+        rows = self._nonempty_rows(rows, "next_logits")
+        tok = np.zeros((self.rows,), dtype=np.int32)
+        pos = np.full((self.rows,), self.max_len, dtype=np.int32)
+        for r in rows:
+            pos[r] = self.book.length[r] - 1
+            tok[r] = self.book.tokens[r, pos[r]]
+        logits, self.cache = self._next_logits(self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos))
+        return np.asarray(logits)[rows]
+
+    def generate(
+        self,
+        rows: Sequence[int],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        key: jax.Array | None = None,
+    ) -> list[Generation]:
+        """Decode all listed rows together until each hits a stop token/string, its token limit or a full row.
+
+        Greedy when ``temperature == 0``; otherwise ``key`` (a ``jax.random`` key) is required, and the same
+        key and inputs give the same tokens. Returns one :class:`Generation` per listed row, in order.
+        """
+        rows = self._nonempty_rows(rows, "generate")
+        temperature, top_p, top_k, max_new_tokens = self._check_knobs(
+            temperature, top_p, top_k, max_new_tokens)
+        stop_ids = self._check_stop_ids(stop_token_ids)
+        stop_strings = self._check_stop_strings(stop_strings)
+        if temperature > 0 and key is None:
+            raise SamplerError("sampling with temperature > 0 needs an explicit key=jax.random.key(...)")
+        key = jax.random.key(0) if key is None else key
+
+        tok = np.zeros((self.rows,), dtype=np.int32)
+        pos = np.zeros((self.rows,), dtype=np.int32)
+        limit = np.zeros((self.rows,), dtype=np.int32)
+        for r in rows:
+            n = int(self.book.length[r])
+            tok[r], pos[r] = self.book.tokens[r, n - 1], n - 1
+            limit[r] = min(max_new_tokens, self.max_len - n)
+        stop_id_arr = np.full((pow2_at_least(len(stop_ids)),), -1, dtype=np.int32)
+        stop_id_arr[: len(stop_ids)] = stop_ids
+        table, table_lens = self._stop_string_tables(stop_strings)
+        out_len = pow2_at_least(max(max_new_tokens, 1), 16)
+
+        self.cache, out_ids, out_lp, count, why, steps = self._decode(
+            self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
+            jnp.asarray(stop_id_arr), jnp.asarray(table), jnp.asarray(table_lens),
+            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), key, out_len=out_len,
+        )
+        out_ids, out_lp, count, why = (np.asarray(x) for x in (out_ids, out_lp, count, why))
+        self.stats["decode_calls"] += 1
+        self.stats["decode_steps"] += int(steps)
+        results = []
+        for r in rows:
+            n = int(count[r])
+            results.append(self._finish_row(r, out_ids[r, :n], out_lp[r, :n], int(why[r]), max_new_tokens,
+                                            stop_ids, stop_strings))
+        return results
+
+    # --- host helpers -------------------------------------------------------------------------------
+    def _nonempty_rows(self, rows: Sequence[int], what: str) -> list[int]:
+        rows = self.book.row_list(rows)
+        empty = [r for r in rows if self.book.length[r] == 0]
+        if empty:
+            raise SamplerError(f"{what}: row(s) {empty} are empty; append a prompt first")
+        return rows
+
+    @staticmethod
+    def _check_knobs(temperature, top_p, top_k, max_new_tokens) -> tuple[float, float, int, int]:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
+                or max_new_tokens < 0:
+            raise SamplerError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not isinstance(temperature, (int, float, np.number)) or not np.isfinite(temperature) \
+                or temperature < 0:
+            raise SamplerError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        if not isinstance(top_p, (int, float, np.number)) or not 0.0 < top_p <= 1.0:
+            raise SamplerError(f"top_p must be in (0, 1], got {top_p!r}")
+        if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+            raise SamplerError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
+        return float(temperature), float(top_p), int(top_k), int(max_new_tokens)
+
+    def _check_stop_ids(self, stop_token_ids: Sequence[int]) -> list[int]:
+        if isinstance(stop_token_ids, (int, np.integer)):
+            stop_token_ids = [stop_token_ids]
+        ids = []
+        for t in stop_token_ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) \
+                    or not 0 <= t < self.config.vocab_size:
+                raise SamplerError(f"stop token id {t!r} is not an id in [0, {self.config.vocab_size})")
+            ids.append(int(t))
+        return sorted(set(ids))
+
+    def _check_stop_strings(self, stop_strings: Sequence[str]) -> tuple[str, ...]:
+        if isinstance(stop_strings, str):
+            stop_strings = [stop_strings]
+        out = []
+        for s in stop_strings:
+            if not isinstance(s, str) or not s:
+                raise SamplerError(f"stop strings must be non-empty str, got {s!r}")
+            out.append(s)
+        if out and self.tokenizer is None:
+            raise SamplerError("stop_strings need a tokenizer (Sampler(..., tokenizer=...))")
+        return tuple(dict.fromkeys(out))
+
+    def _stop_string_tables(self, stop_strings: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        if not stop_strings:
+            return np.zeros((1, 1, self.config.vocab_size), np.int16), np.full((1,), -1, np.int32)
+        if self._stop_tables is None:
+            self._stop_tables = StopStringTables(token_bytes_table(self.tokenizer, self.config.vocab_size))
+        return self._stop_tables.build(stop_strings)
+
+    def _decode_text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def _finish_row(self, row: int, ids: np.ndarray, logprobs: np.ndarray, why: int, max_new_tokens: int,
+                    stop_ids: list[int], stop_strings: tuple[str, ...]) -> Generation:
+        """Record a row's generated tokens in its conversation and describe how it ended."""
+        stop: int | str | None = None
+        if why != _WHY_STOP_STRING and stop_strings and self.tokenizer is not None:
+            # safety net for vocabularies whose byte table is inexact: cut at the first stop string on host
+            k = first_stop_token_index(ids.tolist(), stop_strings, self._decode_text)
+            if k is not None:
+                ids, logprobs, why = ids[:k], logprobs[:k], _WHY_STOP_STRING
+        self.book.extend(row, ids.astype(np.int32))
+        self.stats["generated_tokens"] += int(ids.size)
+        if why == _WHY_STOP_TOKEN:
+            stop = int(ids[-1])
+            finish, reason = "stop", f"stop token {stop}"
+        elif why == _WHY_STOP_STRING:
+            finish, reason = "stop", "stop string"
+        elif ids.size >= max_new_tokens:
+            finish, reason = "length", f"max_new_tokens={max_new_tokens} reached"
+        else:
+            finish, reason = "length", (f"cache row full: {int(self.book.length[row])} of "
+                                        f"max_len={self.max_len} tokens; rewind/reset the row or use a "
+                                        "longer cache")
+        text = None
+        if self.tokenizer is not None:
+            body = ids[:-1] if why == _WHY_STOP_TOKEN else ids
+            text = self._decode_text(body)
+            if stop_strings:
+                text, matched = truncate_text(text, stop_strings)
+                if why == _WHY_STOP_STRING and matched is not None:
+                    stop, reason = matched, f"stop string {matched!r}"
+        return Generation(row=row, ids=ids.astype(np.int32), logprobs=logprobs.astype(np.float32), text=text,
+                          finish_reason=finish, reason=reason, stop=stop)
+
+    # --- device functions (jitted in __init__) -------------------------------------------------------
+    def _prefill_impl(self, state, cache: KVCache, ids: jax.Array, write_start: jax.Array) -> KVCache:
+        """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start == max_len: row untouched)."""
+        self.traces["prefill"] += 1
+        model = nnx.merge(self._graphdef, state)
+        positions = write_start[:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
+        _, cache = model.hidden_cached(ids, positions, cache, write_start)
+        return cache
+
+    def _next_logits_impl(self, state, cache: KVCache, tok: jax.Array, pos: jax.Array):
+        self.traces["next_logits"] += 1
+        model = nnx.merge(self._graphdef, state)
+        hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos)
+        return model.project(hidden[:, 0]), cache
+
+    def _decode_impl(self, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens,
+                     temperature, top_p, top_k, key, *, out_len: int):
+        """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
+        self.traces["decode"] += 1
+        model = nnx.merge(self._graphdef, state)
+        rows, slots = tok.shape[0], cache.k.shape[2]
+        n_strings = table.shape[0]
+        string_idx = jnp.arange(n_strings)[None, :]
+
+        def cond(c):
+            return (c["i"] < jnp.max(limit)) & jnp.any(~c["done"])
+
+        def body(c):
+            live = ~c["done"]
+            write = jnp.where(live, c["pos"], slots)
+            hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write)
+            logits = model.project(hidden[:, 0])
+            new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)
+            new_tok = jnp.where(live, new_tok, 0)
+            count = c["count"] + live
+            at_stop_id = jnp.any(new_tok[:, None] == stop_ids[None, :], axis=-1) & live
+            sstate = jnp.where(live[:, None], table[string_idx, c["sstate"], new_tok[:, None]], c["sstate"])
+            at_stop_str = jnp.any(sstate == table_lens[None, :], axis=-1) & live
+            why = jnp.where(at_stop_id, _WHY_STOP_TOKEN, jnp.where(at_stop_str, _WHY_STOP_STRING, c["why"]))
+            return {
+                "i": c["i"] + 1,
+                "cache": new_cache,
+                "tok": jnp.where(live, new_tok, c["tok"]),
+                "pos": jnp.where(live, c["pos"] + 1, c["pos"]),
+                "done": c["done"] | at_stop_id | at_stop_str | (count >= limit),
+                "count": count,
+                "why": why.astype(jnp.int32),
+                "sstate": sstate.astype(table.dtype),
+                "ids": c["ids"].at[:, c["i"]].set(new_tok),
+                "lp": c["lp"].at[:, c["i"]].set(jnp.where(live, lp, 0.0)),
+            }
+
+        init = {
+            "i": jnp.int32(0),
+            "cache": cache,
+            "tok": tok,
+            "pos": pos,
+            "done": limit <= 0,
+            "count": jnp.zeros((rows,), jnp.int32),
+            "why": jnp.zeros((rows,), jnp.int32),
+            "sstate": jnp.zeros((rows, n_strings), table.dtype),
+            "ids": jnp.zeros((rows, out_len), jnp.int32),
+            "lp": jnp.zeros((rows, out_len), jnp.float32),
+        }
+        c = jax.lax.while_loop(cond, body, init)
+        return c["cache"], c["ids"], c["lp"], c["count"], c["why"], c["i"]

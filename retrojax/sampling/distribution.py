@@ -1,0 +1,76 @@
+"""The sampling distribution: temperature, top-k, top-p, greedy; with the log-prob of each drawn token.
+
+All knobs are traced scalars (changing them never recompiles). The expensive sort behind top-k/top-p only runs
+(``lax.cond``) when one of them is active, so training rollouts — full distribution, temperature 1 — cost a
+log-softmax and a Gumbel draw per step, and their log-probs are exactly the model's log-softmax, which is what
+the learner recomputes.
+
+Greedy (temperature 0) returns the argmax and, as its log-prob, the model's own log-softmax at that token
+(the degenerate point-mass log-prob 0 would carry no information).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def filter_logits(logits: jax.Array, top_p: jax.Array, top_k: jax.Array) -> jax.Array:
+    """Set to -inf every logit outside the top-k and then outside the top-p nucleus (per row of [B, V]).
+
+    Top-p keeps the smallest set of most likely tokens whose mass (after top-k) reaches ``top_p``; the most
+    likely token is always kept. Tokens tied with the last kept one are kept too.
+    """
+    vocab = logits.shape[-1]
+    desc = -jnp.sort(-logits, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    rank = jnp.arange(vocab)
+    desc = jnp.where(rank[None, :] < k, desc, -jnp.inf)
+    probs = jax.nn.softmax(desc, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = (mass_before < top_p) & (rank[None, :] < k)
+    keep = keep.at[:, 0].set(True)
+    n_keep = jnp.sum(keep, axis=-1)
+    threshold = jnp.take_along_axis(desc, (n_keep - 1)[:, None], axis=-1)
+    return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
+def sample(
+    logits: jax.Array,
+    keys: jax.Array,
+    temperature: jax.Array,
+    top_p: jax.Array,
+    top_k: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """Draw one token per row of ``logits`` [B, V] (f32) with per-row ``keys`` [B].
+
+    Returns ``(tokens [B] int32, logprobs [B] f32)``; the log-prob is under the distribution actually sampled
+    (after temperature and filtering), or the model's log-softmax for greedy.
+    """
+    logits = logits.astype(jnp.float32)
+
+    def greedy(_):
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return tokens, jax.nn.log_softmax(logits, axis=-1)
+
+    def stochastic(_):
+        scaled = logits / temperature
+        filtered = jax.lax.cond(
+            (top_k > 0) | (top_p < 1.0),
+            lambda x: filter_logits(x, top_p, top_k),
+            lambda x: x,
+            scaled,
+        )
+        logp = jax.nn.log_softmax(filtered, axis=-1)
+        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
+        tokens = jnp.argmax(jnp.where(jnp.isfinite(logp), logp + gumbel, -jnp.inf), axis=-1)
+        return tokens.astype(jnp.int32), logp
+
+    tokens, logp = jax.lax.cond(temperature <= 0.0, greedy, stochastic, None)
+    return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+def row_keys(key: jax.Array, step: jax.Array, rows: int) -> jax.Array:
+    """Per-row keys for one decode step: depend only on (key, step, row), not on which other rows decode."""
+    step_key = jax.random.fold_in(key, step)
+    return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(jnp.arange(rows))
