@@ -1,0 +1,229 @@
+"""Jittable Sokoban rules (gym-sokoban's): ``step(state, moves) -> (State, Outcome)``.
+
+Design. A ``State`` is what one checkpoint needs and nothing more: the int8 board, the player's flat
+cell, the level's index into its distance tables, and the exact distance to solution (−1 = dead). The
+per-level distance tables (sorted state keys and distances, see ``solver.distance_table``) live in a
+``Tables`` pytree that is shared, never per checkpoint: pushing a state onto a trail copies a few dozen
+bytes. Two entry points use the same branch-free core:
+
+- ``step_with(tables, state, moves)`` takes the tables explicitly; the agent loop passes one bank's
+  ``Tables`` as a traced argument into its jitted, vmapped tick.
+- ``step(state, moves)`` is the self-contained public form: states made by ``init``/``init_batch``
+  carry a reference to their tables as a static (non-pytree) field compared by identity, so the trail
+  and vmap never copy the tables, and under ``jit`` they become constants of that one program.
+
+Exact ``dead``/``distance`` after every primitive move is a binary search of the state's int32 key in its
+level's segment of the flat sorted table (a fixed number of gather steps, vmappable). A state reachable
+from the level start is solvable iff its key is in the table, so the lookup is exact, not a heuristic.
+
+Moves: 0 no move, 1 up, 2 down, 3 left, 4 right; a code outside 0…4 is ignored and counted in
+``Outcome.invalid_moves``. Each executed non-zero move costs −0.1 (also when blocked, as in gym-sokoban);
++1 when a box moves onto a target, −1 when one moves off; +10 when the room becomes solved. A turn's
+moves run in order and stop once the room is solved or dead; a solved or dead state does not move.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs.sokoban.text import BOX, BOX_T, FLOOR, PLAYER, PLAYER_T, TARGET, WALL
+
+MOVE_PENALTY = -0.1
+BOX_ON_REWARD = 1.0
+BOX_OFF_REWARD = -1.0
+SOLVED_REWARD = 10.0
+MOVE_NAMES = ("none", "up", "down", "left", "right")
+_DR = np.array([0, -1, 1, 0, 0], np.int32)
+_DC = np.array([0, 0, 0, -1, 1], np.int32)
+
+
+@struct.dataclass
+class Tables:
+    """Exact distances-to-solution for a bank of levels, as one flat table sorted within each level."""
+
+    keys: jax.Array  # int32 [T]: level i's keys are keys[offsets[i] : offsets[i] + counts[i]], sorted
+    dists: jax.Array  # int16 [T]
+    offsets: jax.Array  # int32 [L]
+    counts: jax.Array  # int32 [L]
+    binom: jax.Array  # int32 [N, num_boxes + 1]: C(c, k) for the state key
+    search_steps: int = struct.field(pytree_node=False)  # binary-search iterations (static)
+
+
+class TablesRef:
+    """Identity-hashed holder of a ``Tables`` so a ``State`` can point at it as static metadata."""
+
+    __slots__ = ("tables",)
+
+    def __init__(self, tables: Tables):
+        self.tables = tables
+
+    def __repr__(self) -> str:
+        return f"TablesRef(levels={self.tables.offsets.shape[0]}, entries={self.tables.keys.shape[0]})"
+
+
+@struct.dataclass
+class State:
+    """One Sokoban position: the checkpoint unit (small; tables are referenced, not stored)."""
+
+    board: jax.Array  # int8 [H, W] cell codes (text.SYMBOLS order)
+    player: jax.Array  # int8: flat cell index r * W + c
+    level: jax.Array  # int32: index of the level in its tables
+    distance: jax.Array  # int16: exact shortest distance to solution; 0 solved, −1 dead
+    tables: TablesRef | None = struct.field(pytree_node=False, default=None)
+
+    @property
+    def solved(self) -> jax.Array:
+        return self.distance == 0
+
+    @property
+    def dead(self) -> jax.Array:
+        return self.distance < 0
+
+
+@struct.dataclass
+class Outcome:
+    """What one turn did (summed over its primitive moves)."""
+
+    reward: jax.Array  # float32
+    solved: jax.Array  # bool
+    dead: jax.Array  # bool
+    moves_applied: jax.Array  # int32: moves that changed the state
+    boxes_on_target: jax.Array  # int32
+    distance: jax.Array  # int16: d_end after the turn (0 solved, −1 dead)
+    invalid_moves: jax.Array  # int32: codes outside 0…4 (ignored)
+
+
+def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) -> Tables:
+    """Build device ``Tables`` from host arrays (see ``solver.distance_table``)."""
+    from envs.sokoban.solver import binomial_table  # host-only helper
+
+    counts = np.asarray(counts, np.int32)
+    max_count = int(counts.max()) if counts.size else 0
+    binom = binomial_table(num_cells, num_boxes)
+    if binom.max(initial=0) * num_cells > np.iinfo(np.int32).max:
+        raise ValueError("room too large for int32 state keys")
+    keys = np.asarray(keys, np.int32)
+    if keys.size == 0:  # keep gathers well-defined for tables with no solvable state
+        keys, dists = np.full(1, np.iinfo(np.int32).max, np.int32), np.zeros(1, np.int16)
+    return Tables(
+        keys=jnp.asarray(keys),
+        dists=jnp.asarray(np.asarray(dists, np.int16)),
+        offsets=jnp.asarray(np.asarray(offsets, np.int32)),
+        counts=jnp.asarray(counts),
+        binom=jnp.asarray(binom.astype(np.int32)),
+        search_steps=max(1, max_count.bit_length() + 1),
+    )
+
+
+def state_key(binom: jax.Array, board: jax.Array, player: jax.Array) -> jax.Array:
+    """int32 key ``rank(boxes) * N + player`` (combinatorial rank of the box cells, via a cumsum)."""
+    flat = board.reshape(-1)
+    n, kmax = binom.shape
+    is_box = (flat == BOX) | (flat == BOX_T)
+    ordinal = jnp.clip(jnp.cumsum(is_box.astype(jnp.int32)), 0, kmax - 1)
+    contrib = jnp.where(is_box, binom[jnp.arange(n), ordinal], 0)
+    return contrib.sum(dtype=jnp.int32) * n + player.astype(jnp.int32)
+
+
+def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
+    """Exact distance for ``key`` in ``level``'s table segment; −1 when absent (dead)."""
+    lo = tables.offsets[level]
+    end = lo + tables.counts[level]
+    hi = end
+    last = tables.keys.shape[0] - 1
+    for _ in range(tables.search_steps):
+        mid = (lo + hi) // 2
+        open_ = lo < hi
+        right = tables.keys[jnp.minimum(mid, last)] < key
+        lo = jnp.where(open_ & right, mid + 1, lo)
+        hi = jnp.where(open_ & ~right, mid, hi)
+    idx = jnp.minimum(lo, last)
+    found = (lo < end) & (tables.keys[idx] == key)
+    return jnp.where(found, tables.dists[idx], jnp.int16(-1)).astype(jnp.int16)
+
+
+def distance_of(tables: Tables, state: State) -> jax.Array:
+    """Exact shortest distance to solution of ``state`` (−1 dead), via the tables."""
+    return lookup(tables, state.level, state_key(tables.binom, state.board, state.player))
+
+
+def _move(tables: Tables, board, player, level, move):
+    """One primitive move on a flat board; returns (board, player, changed, pushed_on, pushed_off, dist)."""
+    h, w = board.shape
+    flat = board.reshape(-1)
+    n = flat.shape[0]
+    m = jnp.clip(move, 0, 4)
+    dr, dc = jnp.asarray(_DR)[m], jnp.asarray(_DC)[m]
+    p = player.astype(jnp.int32)
+    r, c = p // w, p % w
+    r1, c1, r2, c2 = r + dr, c + dc, r + 2 * dr, c + 2 * dc
+    in1 = (r1 >= 0) & (r1 < h) & (c1 >= 0) & (c1 < w)
+    in2 = (r2 >= 0) & (r2 < h) & (c2 >= 0) & (c2 < w)
+    i1 = jnp.clip(r1 * w + c1, 0, n - 1)
+    i2 = jnp.clip(r2 * w + c2, 0, n - 1)
+    v1 = jnp.where(in1, flat[i1], WALL)
+    v2 = jnp.where(in2, flat[i2], WALL)
+    free1 = (v1 == FLOOR) | (v1 == TARGET)
+    box1 = (v1 == BOX) | (v1 == BOX_T)
+    free2 = (v2 == FLOOR) | (v2 == TARGET)
+    valid = m > 0
+    push = valid & box1 & free2
+    moved = valid & (free1 | push)
+    cells = jnp.arange(n)
+    target = (flat == TARGET) | (flat == BOX_T) | (flat == PLAYER_T)
+    new = jnp.where(moved & (cells == p), jnp.where(target, TARGET, FLOOR), flat)
+    new = jnp.where(moved & (cells == i1), jnp.where(target, PLAYER_T, PLAYER), new)
+    new = jnp.where(push & (cells == i2), jnp.where(target, BOX_T, BOX), new).astype(jnp.int8)
+    new_player = jnp.where(moved, i1, p).astype(jnp.int8)
+    on = push & (v2 == TARGET)
+    off = push & (v1 == BOX_T)
+    new_board = new.reshape(h, w)
+    dist = lookup(tables, level, state_key(tables.binom, new_board, new_player))
+    return new_board, new_player, moved, on, off, dist
+
+
+def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Outcome]:
+    """Apply a turn of primitive moves (``int32[K]``, 0 = no move) with explicit ``tables``."""
+    moves = jnp.asarray(moves, jnp.int32)
+    board, player, dist = state.board, state.player, state.distance
+    reward = jnp.float32(0.0)
+    applied = jnp.int32(0)
+    invalid = jnp.int32(0)
+    for k in range(moves.shape[0]):
+        move = moves[k]
+        bad = (move < 0) | (move > 4)
+        invalid = invalid + bad.astype(jnp.int32)
+        active = (dist > 0) & ~bad & (move != 0)
+        nb, npl, moved, on, off, nd = _move(tables, board, player, state.level, move)
+        moved = moved & active
+        board = jnp.where(moved, nb, board)
+        player = jnp.where(moved, npl, player)
+        newly_solved = moved & (nd == 0)
+        reward = reward + jnp.where(active, MOVE_PENALTY, 0.0)
+        reward = reward + jnp.where(moved & on, BOX_ON_REWARD, 0.0)
+        reward = reward + jnp.where(moved & off, BOX_OFF_REWARD, 0.0)
+        reward = reward + jnp.where(newly_solved, SOLVED_REWARD, 0.0)
+        dist = jnp.where(moved, nd, dist)
+        applied = applied + moved.astype(jnp.int32)
+    new_state = state.replace(board=board, player=player, distance=dist)
+    outcome = Outcome(
+        reward=reward.astype(jnp.float32),
+        solved=dist == 0,
+        dead=dist < 0,
+        moves_applied=applied,
+        boxes_on_target=(board == BOX_T).sum(dtype=jnp.int32),
+        distance=dist,
+        invalid_moves=invalid,
+    )
+    return new_state, outcome
+
+
+def step(state: State, moves: jax.Array) -> tuple[State, Outcome]:
+    """Public step: uses the tables the state was initialised with (see module docstring)."""
+    if state.tables is None:
+        raise ValueError("this State carries no distance tables; create it with init/init_batch "
+                         "or call step_with(tables, state, moves)")
+    return step_with(state.tables.tables, state, moves)
