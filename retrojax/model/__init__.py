@@ -1,0 +1,37 @@
+"""The Qwen3 policy: model, Hugging Face checkpoints, tokenizer and chat format."""
+
+from retrojax.model.checkpoint import (
+    DEFAULT_RULES,
+    CheckpointError,
+    from_pretrained,
+    param_shardings,
+    partition_spec,
+    save_pretrained,
+    shard_model,
+)
+from retrojax.model.qwen3 import (
+    PRESETS,
+    KVCache,
+    Qwen3,
+    Qwen3Config,
+    count_params,
+    init_cache,
+    token_logprobs,
+)
+
+__all__ = [
+    "DEFAULT_RULES",
+    "CheckpointError",
+    "from_pretrained",
+    "param_shardings",
+    "partition_spec",
+    "save_pretrained",
+    "shard_model",
+    "PRESETS",
+    "KVCache",
+    "Qwen3",
+    "Qwen3Config",
+    "count_params",
+    "init_cache",
+    "token_logprobs",
+]

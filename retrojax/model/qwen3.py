@@ -1,0 +1,446 @@
+"""Qwen3 decoder in Flax nnx, numerically matching transformers' ``Qwen3ForCausalLM``.
+
+Layers are stacked on a leading axis and run with ``lax.scan`` so compile time does not grow with depth. Every
+parameter carries logical axis names (``out_sharding`` metadata) so a checkpoint can be placed on a mesh.
+Norms, softmax and logits are computed in float32 whatever the parameter dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_NEG = -1e30  # finite "minus infinity": fully masked rows stay finite (uniform) instead of NaN
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """The fields of a Qwen3 ``config.json`` that change the math (others are ignored or rejected)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 40_960
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Qwen3Config.{name} must be a positive int, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
+            raise ValueError(f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, {self.rope_theta}")
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per kv head: query head n reads kv head n // num_groups."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> Qwen3Config:
+        """Build from a transformers config dict (4.x top-level ``rope_theta`` or 5.x ``rope_parameters``).
+
+        Features we do not implement (sliding window, rope scaling, attention bias, other activations) are
+        refused with a ValueError rather than silently computing something different.
+        """
+        d = dict(d)
+        model_type = d.get("model_type", "qwen3")
+        if model_type != "qwen3":
+            raise ValueError(f"config model_type is {model_type!r}; only 'qwen3' is supported")
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in d]
+        if missing:
+            raise ValueError(f"config lacks required field(s): {', '.join(missing)}")
+        if d.get("use_sliding_window"):
+            raise ValueError("config enables sliding-window attention (use_sliding_window=true); not supported")
+        layer_types = d.get("layer_types")
+        if layer_types is not None and any(t != "full_attention" for t in layer_types):
+            raise ValueError(f"config layer_types {sorted(set(layer_types))} include non-full attention; "
+                             "sliding-window attention is not supported")
+        if d.get("attention_bias"):
+            raise ValueError("config sets attention_bias=true; Qwen3 here has no attention bias")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config hidden_act is {act!r}; only 'silu' is supported")
+        rope_theta = d.get("rope_theta")
+        for key in ("rope_parameters", "rope_scaling"):
+            rope = d.get(key)
+            if rope is None:
+                continue
+            if not isinstance(rope, Mapping):
+                raise ValueError(f"config {key} must be a mapping, got {rope!r}")
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type not in (None, "default"):
+                raise ValueError(f"config {key} asks for rope_type {rope_type!r}; only 'default' is supported")
+            if "rope_theta" in rope:
+                if rope_theta is not None and float(rope["rope_theta"]) != float(rope_theta):
+                    raise ValueError(f"config rope_theta {rope_theta} disagrees with {key}.rope_theta "
+                                     f"{rope['rope_theta']}")
+                rope_theta = rope["rope_theta"]
+        heads = d["num_attention_heads"]
+        kv = d.get("num_key_value_heads")
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=heads if kv is None else kv,
+            head_dim=d.get("head_dim") or 128,  # transformers' Qwen3Config default; never hidden // heads
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(10_000.0 if rope_theta is None else rope_theta),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            max_position_embeddings=d.get("max_position_embeddings", 32_768),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id") if not isinstance(d.get("eos_token_id"), list)
+            else d["eos_token_id"][0],
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> Qwen3Config:
+        """Read a ``config.json`` file (or the one inside a checkpoint directory)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            d = json.loads(path.read_text())
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"no config.json at {path}") from e
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON: {e}") from e
+        if not isinstance(d, dict):
+            raise ValueError(f"{path} must hold a JSON object")
+        return cls.from_hf_dict(d)
+
+    def to_hf_dict(self, dtype: Any = jnp.float32) -> dict[str, Any]:
+        """A ``config.json`` dict that transformers 4.x and 5.x both read as this architecture."""
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "use_sliding_window": False,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "torch_dtype": jnp.dtype(dtype).name,
+        }
+
+
+def _preset(vocab, hidden, inter, layers, heads, kv, head_dim, tie, max_pos=40_960, theta=1_000_000.0):
+    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
+                       tie_word_embeddings=tie, max_position_embeddings=max_pos, rope_theta=theta)
+
+
+PRESETS: dict[str, Qwen3Config] = {
+    "qwen3-0.6b": _preset(151_936, 1024, 3072, 28, 16, 8, 128, True),
+    "qwen3-1.7b": _preset(151_936, 2048, 6144, 28, 16, 8, 128, True),
+    "qwen3-4b": _preset(151_936, 2560, 9728, 36, 32, 8, 128, True),
+    "qwen3-8b": _preset(151_936, 4096, 12288, 36, 32, 8, 128, False),
+    "tiny": _preset(1000, 64, 128, 2, 4, 2, 16, True, max_pos=4096),
+    "demo": _preset(2048, 128, 384, 4, 4, 2, 32, True, max_pos=4096),
+    "small": _preset(2048, 256, 768, 6, 8, 4, 32, True, max_pos=8192),
+}
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Per-layer keys/values, slot index == token position within the row's conversation."""
+
+    k: jax.Array  # [L, B, S, KVH, D]
+    v: jax.Array  # [L, B, S, KVH, D]
+
+
+def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> KVCache:
+    """An all-zero cache of ``max_len`` slots per row."""
+    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+# Logical axis names of every parameter; see checkpoint.DEFAULT_RULES for the mapping onto mesh axes.
+_LAYER_AXES: dict[str, tuple[str | None, ...]] = {
+    "attn_norm": ("layers", "norm"),
+    "q": ("layers", "embed", "heads", "head_dim"),
+    "k": ("layers", "embed", "kv_heads", "head_dim"),
+    "v": ("layers", "embed", "kv_heads", "head_dim"),
+    "o": ("layers", "heads", "head_dim", "embed"),
+    "q_norm": ("layers", "norm"),
+    "k_norm": ("layers", "norm"),
+    "mlp_norm": ("layers", "norm"),
+    "gate": ("layers", "embed", "mlp"),
+    "up": ("layers", "embed", "mlp"),
+    "down": ("layers", "mlp", "embed"),
+}
+
+
+def _layer_shapes(c: Qwen3Config) -> dict[str, tuple[int, ...]]:
+    L, H, N, K, D, I = (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+                        c.head_dim, c.intermediate_size)
+    return {
+        "attn_norm": (L, H), "q": (L, H, N, D), "k": (L, H, K, D), "v": (L, H, K, D), "o": (L, N, D, H),
+        "q_norm": (L, D), "k_norm": (L, D), "mlp_norm": (L, H), "gate": (L, H, I), "up": (L, H, I),
+        "down": (L, I, H),
+    }
+
+
+def _param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
+    return nnx.Param(value, out_sharding=axes, eager_sharding=False)
+
+
+class Qwen3Layers(nnx.Module):
+    """All decoder blocks' weights, each stacked on a leading ``layers`` axis."""
+
+    def __init__(self, config: Qwen3Config, *, dtype: Any, rngs: nnx.Rngs):
+        for name, shape in _layer_shapes(config).items():
+            if name.endswith("norm"):
+                value = jnp.ones(shape, dtype)
+            else:
+                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+            setattr(self, name, _param(value, _LAYER_AXES[name]))
+
+    def arrays(self) -> dict[str, jax.Array]:
+        return {name: getattr(self, name)[...] for name in _LAYER_AXES}
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm as transformers does it: normalize in fp32, cast back, then multiply by the weight."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding, half-split (rotate_half) layout. x: [B, T, heads, D]; positions: [B, T]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention with fp32 softmax.
+
+    q: [B, T, N, D]; k, v: [B, S, KVH, D]; mask: [B, T, S] bool (True = may attend). Returns [B, T, N, D].
+    Query head n uses kv head n // (N // KVH), as transformers' repeat_kv does.
+    """
+    b, t, n, d = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(b, t, kvh, n // kvh, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, n, d)
+
+
+def _qkv(p: Mapping[str, jax.Array], x: jax.Array, positions: jax.Array, c: Qwen3Config):
+    q = jnp.einsum("bth,hnd->btnd", x, p["q"])
+    k = jnp.einsum("bth,hkd->btkd", x, p["k"])
+    v = jnp.einsum("bth,hkd->btkd", x, p["v"])
+    q = rope(rms_norm(q, p["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
+    k = rope(rms_norm(k, p["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
+    return q, k, v
+
+
+def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: Qwen3Config) -> jax.Array:
+    h = h + jnp.einsum("btnd,ndh->bth", attn, p["o"])
+    x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
+    gate = jnp.einsum("bth,hi->bti", x, p["gate"])
+    up = jnp.einsum("bth,hi->bti", x, p["up"])
+    return h + jnp.einsum("bti,ih->bth", jax.nn.silu(gate) * up, p["down"])
+
+
+class Qwen3(nnx.Module):
+    """Qwen3 causal LM. ``model(ids) -> logits``; ``hidden_cached`` for KV-cache decoding.
+
+    ``remat=True`` rematerializes each layer in the backward pass (training memory ~ one layer's activations).
+    """
+
+    def __init__(self, config: Qwen3Config, *, dtype: Any = jnp.float32, rngs: nnx.Rngs | None = None,
+                 remat: bool = False):
+        rngs = nnx.Rngs(0) if rngs is None else rngs
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.remat = remat
+        c = config
+        embed = 0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), jnp.float32)
+        self.embed = _param(embed.astype(dtype), ("vocab", "embed"))
+        self.layers = Qwen3Layers(c, dtype=dtype, rngs=rngs)
+        self.final_norm = _param(jnp.ones((c.hidden_size,), dtype), ("norm",))
+        if c.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            head = 0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), jnp.float32)
+            self.lm_head = _param(head.astype(dtype), ("vocab", "embed"))
+
+    # ----------------------------------------------------------------------------------------------
+    def head_weight(self) -> jax.Array:
+        """The output projection [V, H] (the embedding when tied)."""
+        return (self.embed if self.lm_head is None else self.lm_head)[...]
+
+    def project(self, hidden: jax.Array) -> jax.Array:
+        """LM head: hidden [..., H] -> float32 logits [..., V]."""
+        return jnp.einsum("...h,vh->...v", hidden, self.head_weight(), preferred_element_type=jnp.float32)
+
+    def _embed(self, input_ids: jax.Array) -> jax.Array:
+        ids = jnp.asarray(input_ids)
+        if ids.ndim != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ValueError(f"input_ids must be integers, got {ids.dtype}")
+        return jnp.take(self.embed[...], ids, axis=0, mode="clip")
+
+    def _scan(self, body, carry, xs):
+        if self.remat:
+            body = jax.checkpoint(body, policy=jax.checkpoint_policies.nothing_saveable)
+        return jax.lax.scan(body, carry, xs)
+
+    def hidden(self, input_ids: jax.Array, positions: jax.Array | None = None,
+               attention_mask: jax.Array | None = None) -> jax.Array:
+        """Final-norm hidden states [B, T, H] for a whole sequence (causal; optional key padding mask).
+
+        Without ``positions``: 0..T-1 per row, or, given ``attention_mask``, the count of real tokens before
+        each token (so left- and right-padded rows get the same positions as unpadded ones).
+        """
+        c = self.config
+        h = self._embed(input_ids)
+        b, t = input_ids.shape
+        causal = jnp.tril(jnp.ones((t, t), bool))[None]
+        if attention_mask is None:
+            mask = jnp.broadcast_to(causal, (b, t, t))
+            default_pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        else:
+            am = jnp.asarray(attention_mask).astype(bool)
+            if am.shape != (b, t):
+                raise ValueError(f"attention_mask shape {am.shape} != input_ids shape {(b, t)}")
+            mask = causal & am[:, None, :]
+            default_pos = jnp.maximum(jnp.cumsum(am, axis=1, dtype=jnp.int32) - 1, 0)
+        positions = default_pos if positions is None else jnp.asarray(positions, jnp.int32)
+        if positions.shape != (b, t):
+            raise ValueError(f"positions shape {positions.shape} != input_ids shape {(b, t)}")
+
+        def body(h, p):
+            x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
+            q, k, v = _qkv(p, x, positions, c)
+            return _finish_block(p, h, attend(q, k, v, mask), c), None
+
+        h, _ = self._scan(body, h, self.layers.arrays())
+        return rms_norm(h, self.final_norm[...], c.rms_norm_eps)
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                 attention_mask: jax.Array | None = None) -> jax.Array:
+        """Float32 logits [B, T, V]."""
+        return self.project(self.hidden(input_ids, positions, attention_mask))
+
+    def hidden_cached(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
+                      write_start: jax.Array) -> tuple[jax.Array, KVCache]:
+        """Run T new tokens per row against the cache; returns final-norm hidden [B, T, H] and the new cache.
+
+        Token t of row b goes to slot write_start[b] + t (slots >= S are dropped, so write_start[b] == S leaves
+        row b untouched) and attends slots s <= write_start[b] + t.
+        """
+        c = self.config
+        h = self._embed(input_ids)
+        b, t = input_ids.shape
+        s = cache.k.shape[2]
+        if cache.k.shape[:2] != (c.num_hidden_layers, b):
+            raise ValueError(f"cache shape {cache.k.shape} does not match {c.num_hidden_layers} layers, batch {b}")
+        positions = jnp.asarray(positions, jnp.int32)
+        write_start = jnp.asarray(write_start, jnp.int32)
+        slots = write_start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
+        mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]  # [B, T, S]
+        rows = jnp.arange(b)[:, None]
+
+        def body(h, xs):
+            p, ck, cv = xs
+            x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
+            q, k, v = _qkv(p, x, positions, c)
+            ck = ck.at[rows, slots].set(k.astype(ck.dtype), mode="drop")
+            cv = cv.at[rows, slots].set(v.astype(cv.dtype), mode="drop")
+            return _finish_block(p, h, attend(q, ck.astype(q.dtype), cv.astype(q.dtype), mask), c), (ck, cv)
+
+        h, (k_new, v_new) = self._scan(body, h, (self.layers.arrays(), cache.k, cache.v))
+        return rms_norm(h, self.final_norm[...], c.rms_norm_eps), KVCache(k=k_new, v=v_new)
+
+
+def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
+                   attention_mask: jax.Array | None = None, chunk: int = 512) -> jax.Array:
+    """log p(targets[b, t] | input_ids[b, :t+1]) as float32 [B, T], without materializing [B, T, V] logits.
+
+    The LM head and log-softmax run over sequence chunks inside a rematerialized scan, so the backward pass
+    holds one chunk's logits at a time. Differentiable with respect to the model's parameters.
+    """
+    hidden = model.hidden(input_ids, positions, attention_mask)
+    targets = jnp.asarray(targets, jnp.int32)
+    b, t, hsz = hidden.shape
+    if targets.shape != (b, t):
+        raise ValueError(f"targets shape {targets.shape} != input_ids shape {(b, t)}")
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    chunk = min(chunk, t)
+    n = math.ceil(t / chunk)
+    pad = n * chunk - t
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets_p = jnp.pad(targets, ((0, 0), (0, pad)))
+    hs = hidden.reshape(b, n, chunk, hsz).swapaxes(0, 1)
+    ts = targets_p.reshape(b, n, chunk).swapaxes(0, 1)
+    head = model.head_weight()
+
+    @jax.checkpoint
+    def one(h, tgt):
+        logits = jnp.einsum("bch,vh->bcv", h, head, preferred_element_type=jnp.float32)
+        picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
+        return picked - jax.nn.logsumexp(logits, axis=-1)
+
+    _, out = jax.lax.scan(lambda carry, x: (carry, one(*x)), None, (hs, ts))
+    return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+
+
+def count_params(config: Qwen3Config) -> int:
+    """Number of parameters of a config, via ``nnx.eval_shape`` (nothing is allocated)."""
+    abstract = nnx.eval_shape(lambda: Qwen3(config))
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
