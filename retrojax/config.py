@@ -101,6 +101,14 @@ class LearnConfig:
     minibatches: int = 1
     logprob_chunk: int = 512
     seq_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+    lr_schedule: str = "constant"  # constant | cosine (after warmup)
+    epochs: int = 1  # passes over each batch of trials (each microbatch is one optimizer step)
+    max_batch_tokens: int = 16384  # rows x length of one microbatch
+    old_logprobs: str = "sampler"  # sampler | recompute: which log-probs of θ_old the ratio uses
+    check_logprobs: bool = True  # recompute θ_old log-probs and log their gap to the sampler's
+    chain_segments: bool = True  # one sequence per segment when the conversation only grew
+    remat: bool = False  # rematerialize layers in the backward pass
+    checkpoint_every: int = 1  # updates between checkpoints
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,267 @@
+"""Supervised warm start: cross-entropy on demonstrations, loss only on the model's own tokens.
+
+A demonstration is a list of model calls (``prompt_ids`` the exact context, ``output_ids`` what the model
+should have written), e.g. the calls a scripted policy made through the real trial loop. Calls whose context
+extends an earlier call's ``prompt + output`` (a segment's conversation only grows) are packed into one
+sequence that carries a loss mask on every output span, so the shared prefix is encoded once.
+
+The step is one pure jitted function over ``(params, opt_state, batch)`` (the model is rebuilt from its
+graph definition with ``nnx.merge``); a non-finite loss or gradient skips the step and says so in metrics.
+Batches are padded to a few bucketed lengths so the step compiles once per bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from retrojax.model.qwen3 import Qwen3, token_logprobs
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One training sequence: token ids and, per token, whether it is the model's own (trained) token."""
+
+    ids: np.ndarray  # int32 [L]
+    own: np.ndarray  # bool [L]: True where ids[t] is an output token the model must learn
+
+
+@dataclasses.dataclass(frozen=True)
+class PackStats:
+    calls: int  # calls given
+    examples: int  # sequences after packing
+    dropped: int  # sequences longer than the maximum length (left out, never truncated)
+    own_tokens: int  # trained tokens kept
+    total_tokens: int  # all tokens kept
+
+
+def _has_prefix(seq: np.ndarray, prefix: np.ndarray) -> bool:
+    return len(seq) >= len(prefix) and bool(np.array_equal(seq[: len(prefix)], prefix))
+
+
+def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]],
+               max_len: int) -> tuple[list[Example], PackStats]:
+    """Turn ``(prompt_ids, output_ids)`` pairs into training sequences.
+
+    Consecutive calls where the next prompt starts with the previous ``prompt + output`` are merged into one
+    sequence (the last call's full text), with every output span marked as the model's own. Sequences longer
+    than ``max_len`` are dropped rather than truncated (a truncated context would teach a different task).
+    """
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2, got {max_len}")
+    examples: list[Example] = []
+    dropped = 0
+    chain_ids: np.ndarray | None = None
+    chain_spans: list[tuple[int, int]] = []
+
+    def flush() -> None:
+        nonlocal dropped
+        if chain_ids is None:
+            return
+        if len(chain_ids) > max_len:
+            dropped += 1
+            return
+        own = np.zeros(len(chain_ids), bool)
+        for a, b in chain_spans:
+            own[a:b] = True
+        examples.append(Example(ids=chain_ids.astype(np.int32), own=own))
+
+    for prompt, output in calls:
+        prompt = np.asarray(prompt, np.int32).reshape(-1)
+        output = np.asarray(output, np.int32).reshape(-1)
+        if len(output) == 0:
+            continue
+        full = np.concatenate([prompt, output])
+        if chain_ids is not None and _has_prefix(prompt, chain_ids):
+            chain_ids = full
+            chain_spans.append((len(prompt), len(full)))
+        else:
+            flush()
+            chain_ids = full
+            chain_spans = [(len(prompt), len(full))]
+    flush()
+    stats = PackStats(
+        calls=len(calls), examples=len(examples), dropped=dropped,
+        own_tokens=int(sum(int(e.own.sum()) for e in examples)),
+        total_tokens=int(sum(len(e.ids) for e in examples)),
+    )
+    return examples, stats
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``length`` tokens."""
+    for b in sorted(buckets):
+        if length <= b:
+            return int(b)
+    raise ValueError(f"sequence of {length} tokens exceeds the largest bucket {max(buckets)}")
+
+
+def collate(examples: Sequence[Example], batch_size: int, length: int,
+            pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-padded next-token batch: ``input_ids``, ``targets``, ``loss_mask``, ``attention_mask`` [B, T].
+
+    Position t predicts ``targets[t] = ids[t + 1]``; the loss mask is on where that target is the model's own
+    token. Missing rows (fewer examples than ``batch_size``) are all padding with a zero mask.
+    """
+    if len(examples) > batch_size:
+        raise ValueError(f"{len(examples)} examples do not fit a batch of {batch_size}")
+    input_ids = np.full((batch_size, length), pad_id, np.int32)
+    targets = np.full((batch_size, length), pad_id, np.int32)
+    loss_mask = np.zeros((batch_size, length), np.float32)
+    attention_mask = np.zeros((batch_size, length), bool)
+    for row, ex in enumerate(examples):
+        n = len(ex.ids) - 1
+        if n > length:
+            raise ValueError(f"example of {len(ex.ids)} tokens does not fit length {length} + 1")
+        input_ids[row, :n] = ex.ids[:-1]
+        targets[row, :n] = ex.ids[1:]
+        loss_mask[row, :n] = ex.own[1:]
+        attention_mask[row, :n] = True
+    return {"input_ids": input_ids, "targets": targets, "loss_mask": loss_mask,
+            "attention_mask": attention_mask}
+
+
+def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0, weight_decay: float = 0.0,
+                   max_grad_norm: float = 1.0) -> optax.GradientTransformation:
+    """AdamW after global-norm clipping, with linear warmup then cosine decay to 10% over ``steps``."""
+    if steps <= 0:
+        raise ValueError(f"steps must be positive, got {steps}")
+    warmup = max(0, min(warmup_steps, steps - 1))
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0 if warmup else learning_rate, peak_value=learning_rate, warmup_steps=warmup,
+        decay_steps=max(steps, warmup + 1), end_value=0.1 * learning_rate)
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                       optax.adamw(schedule, weight_decay=weight_decay))
+
+
+def sft_loss(model: Qwen3, batch: dict[str, jax.Array], chunk: int = 512) -> tuple[jax.Array, jax.Array]:
+    """Token-averaged negative log-likelihood over the masked targets; returns (loss, trained token count)."""
+    lp = token_logprobs(model, batch["input_ids"], batch["targets"],
+                        attention_mask=batch["attention_mask"], chunk=chunk)
+    mask = batch["loss_mask"].astype(jnp.float32)
+    count = mask.sum()
+    return -(lp * mask).sum() / jnp.maximum(count, 1.0), count
+
+
+def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
+                  chunk: int = 512) -> Callable[..., tuple[Any, Any, dict[str, jax.Array]]]:
+    """A jitted ``step(params, opt_state, batch) -> (params, opt_state, metrics)``.
+
+    ``params`` is the ``nnx.State`` from ``nnx.split(model)``. A non-finite loss or gradient norm leaves
+    params and optimizer state unchanged (``metrics['skipped'] == 1``).
+    """
+
+    def loss_fn(params, batch):
+        loss, count = sft_loss(nnx.merge(graphdef, params), batch, chunk)
+        return loss, count
+
+    def step(params, opt_state, batch):
+        (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+        grad_norm = optax.tree.norm(grads)
+        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, new_opt = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "tokens": count,
+                   "skipped": jnp.logical_not(ok).astype(jnp.int32)}
+        return keep(new_params, params), keep(new_opt, opt_state), metrics
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def iterate_batches(examples: Sequence[Example], batch_size: int, buckets: Sequence[int],
+                    rng: np.random.Generator) -> Iterator[list[Example]]:
+    """Endless shuffled batches whose members share a length bucket (so padding stays small)."""
+    if not examples:
+        raise ValueError("no SFT examples to train on")
+    by_bucket: dict[int, list[int]] = {}
+    for i, ex in enumerate(examples):
+        by_bucket.setdefault(bucket_for(len(ex.ids) - 1, buckets), []).append(i)
+    keys = sorted(by_bucket)
+    weights = np.array([len(by_bucket[k]) for k in keys], float)
+    queues: dict[int, list[int]] = {k: [] for k in keys}
+    while True:
+        k = keys[int(rng.choice(len(keys), p=weights / weights.sum()))]
+        members = by_bucket[k]
+        if len(members) <= batch_size:  # a small bucket: one padded batch of all its members
+            yield [examples[i] for i in rng.permutation(members)]
+            continue
+        if len(queues[k]) < batch_size:
+            queues[k].extend(rng.permutation(members).tolist())
+        take, queues[k] = queues[k][:batch_size], queues[k][batch_size:]
+        yield [examples[i] for i in take]
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """Powers of two from 64 up to (and including) ``max_len`` rounded up."""
+    top = 1 << max(6, math.ceil(math.log2(max(max_len, 2))))
+    out, b = [], 64
+    while b < top:
+        out.append(b)
+        b *= 2
+    return (*out, top)
+
+
+def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_size: int, learning_rate: float,
+              seed: int = 0, warmup_steps: int = 0, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
+              buckets: Sequence[int] | None = None, pad_id: int = 0, chunk: int = 512,
+              progress: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """Run ``steps`` SFT updates on ``model`` in place; returns per-step metrics (host floats).
+
+    ``progress(step, metrics)`` is called after each step (e.g. to advance a progress bar).
+    """
+    if steps <= 0 or batch_size <= 0:
+        raise ValueError(f"steps and batch_size must be positive, got {steps}, {batch_size}")
+    longest = max((len(e.ids) - 1 for e in examples), default=1)
+    buckets = tuple(buckets) if buckets else default_buckets(longest)
+    optimizer = make_optimizer(learning_rate, steps, warmup_steps, weight_decay, max_grad_norm)
+    graphdef, params = nnx.split(model)
+    opt_state = optimizer.init(params)
+    step_fn = make_sft_step(graphdef, optimizer, chunk)
+    batches = iterate_batches(examples, batch_size, buckets, np.random.default_rng(seed))
+    history: list[dict[str, float]] = []
+    for i in range(steps):
+        group = next(batches)
+        length = bucket_for(max(len(e.ids) - 1 for e in group), buckets)
+        batch = {k: jnp.asarray(v) for k, v in collate(group, batch_size, length, pad_id).items()}
+        params, opt_state, metrics = step_fn(params, opt_state, batch)
+        record = {k: float(v) for k, v in metrics.items()}
+        record["step"] = float(i)
+        history.append(record)
+        if progress is not None:
+            progress(i, record)
+    nnx.update(model, params)
+    return history
+
+
+def evaluate_nll(model: Qwen3, examples: Sequence[Example], batch_size: int, pad_id: int = 0,
+                 chunk: int = 512) -> float:
+    """Mean negative log-likelihood per trained token over ``examples`` (no update)."""
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    buckets = default_buckets(max(len(e.ids) - 1 for e in examples))
+    graphdef, params = nnx.split(model)
+
+    @jax.jit
+    def totals(params, batch):
+        lp = token_logprobs(nnx.merge(graphdef, params), batch["input_ids"], batch["targets"],
+                            attention_mask=batch["attention_mask"], chunk=chunk)
+        return -(lp * batch["loss_mask"]).sum(), batch["loss_mask"].sum()
+
+    nll, count = 0.0, 0.0
+    ordered = sorted(examples, key=lambda e: len(e.ids))
+    for start in range(0, len(ordered), batch_size):
+        group = ordered[start:start + batch_size]
+        length = bucket_for(max(len(e.ids) - 1 for e in group), buckets)
+        batch = {k: jnp.asarray(v) for k, v in collate(group, batch_size, length, pad_id).items()}
+        a, b = totals(params, batch)
+        nll, count = nll + float(a), count + float(b)
+    return nll / max(count, 1.0)
