@@ -44,7 +44,8 @@ def make_tiny_hf_checkpoint(tmp_path: str | Path, *, seed: int = 0, layout: str 
         raise ValueError(f"layout must be 'v4' or 'v5', got {layout!r}")
     fields = {**TINY_HF_CONFIG, **config_overrides}
     rope_theta = float(fields.pop("rope_theta"))
-    config = transformers.Qwen3Config(**fields, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+    rope = {"rope_type": "default", "rope_theta": rope_theta}
+    config = transformers.Qwen3Config(**fields, rope_parameters=rope)
     torch.manual_seed(seed)
     model = transformers.Qwen3ForCausalLM(config).eval()
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Qwen3 forward paths agree with each other: cached chunks, padding masks, chunked log-probs; config checks."""
+"""Qwen3 forward paths agree: cached chunks, padding masks, chunked log-probs; config checks."""
 
 import jax
 import jax.numpy as jnp

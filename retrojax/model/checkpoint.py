@@ -73,7 +73,8 @@ class _SafetensorsFile:
                 dtype = _ST_DTYPES[info["dtype"]]
                 shape = tuple(int(s) for s in info["shape"])
             except KeyError as e:
-                raise CheckpointError(f"{path}: tensor {name!r} has unsupported/missing header field {e}") from e
+                raise CheckpointError(f"{path}: tensor {name!r} has unsupported/missing header field {e}"
+                                      ) from e
             if end - begin != math.prod(shape) * dtype.itemsize:
                 raise CheckpointError(f"{path}: tensor {name!r} byte range does not match shape {shape}")
             if self.data_start + end > size:
@@ -145,7 +146,8 @@ class _Checkpoint:
         else:
             found = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
             pickles = [n for n in found if n.endswith((".bin", ".pt", ".pth", ".ckpt"))]
-            hint = f" (found {pickles}; pickled weights are never loaded, convert to safetensors)" if pickles else ""
+            hint = (f" (found {pickles}; pickled weights are never loaded, convert to safetensors)"
+                    if pickles else "")
             raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {path}{hint}")
 
     def names(self) -> set[str]:
@@ -284,7 +286,8 @@ def from_pretrained(path: str | Path, dtype: Any = jnp.float32, mesh: Mesh | Non
                                   f"{', '.join(unexpected[:5])}")
         for hf, _, _, shape in expected:
             if ckpt.shape(hf) != shape:
-                raise CheckpointError(f"tensor {hf!r} in {path} has shape {ckpt.shape(hf)}, config implies {shape}")
+                raise CheckpointError(f"tensor {hf!r} in {path} has shape {ckpt.shape(hf)}, "
+                                      f"config implies {shape}")
 
         np_dtype = np.dtype(dtype)
         host: dict[str, np.ndarray] = {}
@@ -343,7 +346,8 @@ def save_pretrained(model: Qwen3, path: str | Path, max_shard_bytes: int = 5 * 2
             fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             write_safetensors(path / fname, shard)
             weight_map.update({name: fname for name in shard})
-        index = {"metadata": {"total_size": sum(a.nbytes for a in tensors.values())}, "weight_map": weight_map}
+        total = sum(a.nbytes for a in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     cfg = config.to_hf_dict(model.dtype)
     cfg["dtype"] = cfg["torch_dtype"]

@@ -54,7 +54,8 @@ class Qwen3Config:
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if not (self.rms_norm_eps > 0 and self.rope_theta > 0):
-            raise ValueError(f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, {self.rope_theta}")
+            raise ValueError(f"rms_norm_eps and rope_theta must be > 0, got {self.rms_norm_eps}, "
+                             f"{self.rope_theta}")
 
     @property
     def num_groups(self) -> int:
@@ -77,7 +78,8 @@ class Qwen3Config:
         if missing:
             raise ValueError(f"config lacks required field(s): {', '.join(missing)}")
         if d.get("use_sliding_window"):
-            raise ValueError("config enables sliding-window attention (use_sliding_window=true); not supported")
+            raise ValueError("config enables sliding-window attention (use_sliding_window=true); "
+                             "not supported")
         layer_types = d.get("layer_types")
         if layer_types is not None and any(t != "full_attention" for t in layer_types):
             raise ValueError(f"config layer_types {sorted(set(layer_types))} include non-full attention; "
@@ -96,7 +98,8 @@ class Qwen3Config:
                 raise ValueError(f"config {key} must be a mapping, got {rope!r}")
             rope_type = rope.get("rope_type", rope.get("type", "default"))
             if rope_type not in (None, "default"):
-                raise ValueError(f"config {key} asks for rope_type {rope_type!r}; only 'default' is supported")
+                raise ValueError(f"config {key} asks for rope_type {rope_type!r}; "
+                                 "only 'default' is supported")
             if "rope_theta" in rope:
                 if rope_theta is not None and float(rope["rope_theta"]) != float(rope_theta):
                     raise ValueError(f"config rope_theta {rope_theta} disagrees with {key}.rope_theta "
@@ -166,7 +169,8 @@ class Qwen3Config:
 
 
 def _preset(vocab, hidden, inter, layers, heads, kv, head_dim, tie, max_pos=40_960, theta=1_000_000.0):
-    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+    return Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                       num_hidden_layers=layers,
                        num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim,
                        tie_word_embeddings=tie, max_position_embeddings=max_pos, rope_theta=theta)
 
@@ -213,12 +217,12 @@ _LAYER_AXES: dict[str, tuple[str | None, ...]] = {
 
 
 def _layer_shapes(c: Qwen3Config) -> dict[str, tuple[int, ...]]:
-    L, H, N, K, D, I = (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
+    L, H, N, K, D, M = (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
                         c.head_dim, c.intermediate_size)
     return {
         "attn_norm": (L, H), "q": (L, H, N, D), "k": (L, H, K, D), "v": (L, H, K, D), "o": (L, N, D, H),
-        "q_norm": (L, D), "k_norm": (L, D), "mlp_norm": (L, H), "gate": (L, H, I), "up": (L, H, I),
-        "down": (L, I, H),
+        "q_norm": (L, D), "k_norm": (L, D), "mlp_norm": (L, H), "gate": (L, H, M), "up": (L, H, M),
+        "down": (L, M, H),
     }
 
 
@@ -380,15 +384,16 @@ class Qwen3(nnx.Module):
                       write_start: jax.Array) -> tuple[jax.Array, KVCache]:
         """Run T new tokens per row against the cache; returns final-norm hidden [B, T, H] and the new cache.
 
-        Token t of row b goes to slot write_start[b] + t (slots >= S are dropped, so write_start[b] == S leaves
-        row b untouched) and attends slots s <= write_start[b] + t.
+        Token t of row b goes to slot write_start[b] + t (slots >= S are dropped, so write_start[b] == S
+        leaves row b untouched) and attends slots s <= write_start[b] + t.
         """
         c = self.config
         h = self._embed(input_ids)
         b, t = input_ids.shape
         s = cache.k.shape[2]
         if cache.k.shape[:2] != (c.num_hidden_layers, b):
-            raise ValueError(f"cache shape {cache.k.shape} does not match {c.num_hidden_layers} layers, batch {b}")
+            raise ValueError(f"cache shape {cache.k.shape} does not match {c.num_hidden_layers} layers, "
+                             f"batch {b}")
         positions = jnp.asarray(positions, jnp.int32)
         write_start = jnp.asarray(write_start, jnp.int32)
         slots = write_start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
