@@ -1,0 +1,68 @@
+"""The run report: tables, honest comparison sentences, and the three PNG plots."""
+
+import dataclasses
+
+import pytest
+
+from retrojax.eval import report
+
+RESULTS = {
+    "SFT": {"P@1": {"success": 0.25, "ci95": [0.15, 0.35], "calls": 6.0, "rewinds": 0.0, "n": 64},
+            "T@1": {"success": 0.30, "ci95": [0.20, 0.40], "calls": 7.5, "rewinds": 0.4, "n": 64},
+            "T@3": {"success": 0.50, "ci95": [0.38, 0.62], "calls": 11.0, "rewinds": 1.2, "n": 64}},
+    "RL": {"P@1": {"success": 0.40, "ci95": [0.28, 0.52], "calls": 5.0, "rewinds": 0.0, "n": 64},
+           "T@1": {"success": 0.45, "ci95": [0.33, 0.57], "calls": 6.0, "rewinds": 0.2, "n": 64},
+           "T@3": {"success": 0.80, "ci95": [0.70, 0.90], "calls": 9.0, "rewinds": 0.9, "n": 64}},
+}
+
+
+@dataclasses.dataclass
+class _Trial:
+    success: bool
+    macro_attempts: int
+
+
+def test_success_within_attempts_is_cumulative():
+    trials = [_Trial(True, 1), _Trial(True, 2), _Trial(False, 3), _Trial(True, 3)]
+    assert report.success_within_attempts(trials, 3) == [0.25, 0.5, 0.75]
+    with pytest.raises(ValueError):
+        report.success_within_attempts([], 3)
+    with pytest.raises(ValueError):
+        report.success_within_attempts(trials, 0)
+
+
+def test_deltas_and_sentences():
+    d = report.deltas(RESULTS["SFT"])
+    assert d["Δpro"] == pytest.approx(0.05) and d["Δref"] == pytest.approx(0.20)
+    assert report.deltas({"P@1": {"success": 0.1}}) == {}
+    better = report.compare_sentence(RESULTS, "SFT", "RL", "T@3")
+    assert "improved on" in better and "do not overlap" in better and "+30.0 pts" in better
+    same_ish = report.compare_sentence(RESULTS, "SFT", "RL", "T@1")
+    assert "not statistically supported" in same_ish
+    worse = report.compare_sentence(RESULTS, "RL", "SFT", "P@1")
+    assert "did worse than" in worse
+    assert "No T@9 results" in report.compare_sentence(RESULTS, "SFT", "RL", "T@9")
+
+
+def test_write_report_produces_markdown_and_plots(tmp_path):
+    curve = [{"update": i, "success": 0.3 + 0.05 * i, "reward": float(i),
+              "eval_success": 0.5 if i == 3 else None} for i in range(4)]
+    path = report.write_report(
+        tmp_path / "r", title="Demo", results=RESULTS, curve=curve,
+        attempts={"SFT": [0.3, 0.45, 0.5], "RL": [0.45, 0.7, 0.8]}, facts={"model": "Qwen3, 1.2M params"},
+        stages=[("sft", 12.0), ("rl", 30.5)], comparisons=[("SFT", "RL", "T@3")], notes=["honest note"])
+    text = path.read_text()
+    assert "| RL | T@3 | 80.0% | [70.0, 90.0] | 64 | 9.00 | 0.90 |" in text
+    assert "+20.0 pts" in text and "+35.0 pts" in text  # Δref of SFT and of RL
+    assert "**total** | 42.5" in text and "honest note" in text and "Qwen3, 1.2M params" in text
+    for png in ("success_by_protocol.png", "learning_curve.png", "success_vs_attempts.png"):
+        data = (tmp_path / "r" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
+        assert f"]({png})" in text
+
+
+def test_write_report_without_rl_updates_says_so(tmp_path):
+    path = report.write_report(tmp_path, title="t", results={"SFT": RESULTS["SFT"]})
+    assert "No RL updates were run." in path.read_text()
+    with pytest.raises(ValueError):
+        report.write_report(tmp_path, title="t", results={})
