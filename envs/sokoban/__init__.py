@@ -1,7 +1,8 @@
 """Jittable functional Sokoban (gym-sokoban rules) with exact dead-state detection.
 
 Public API: ``parse``, ``render``, ``init``, ``init_batch``, ``step``, ``step_with``, ``solve``,
-``generate``, ``load_split`` and the types ``State``, ``Outcome``, ``Level``, ``LevelBank``, ``Tables``.
+``generate``, ``load_split``, ``optimal_moves`` and the types
+``State``, ``Outcome``, ``Level``, ``LevelBank``, ``Tables``.
 See ``rules`` for the state/table design (small per-checkpoint state; shared exact distance tables).
 """
 
@@ -22,7 +23,17 @@ from envs.sokoban.levels import (
     init_batch,
     load_split,
 )
-from envs.sokoban.rules import MOVE_NAMES, Outcome, State, Tables, distance_of, step, step_with
+from envs.sokoban.rules import (
+    MOVE_NAMES,
+    Outcome,
+    State,
+    Tables,
+    distance_of,
+    optimal_moves,
+    optimal_moves_with,
+    step,
+    step_with,
+)
 from envs.sokoban.text import SYMBOLS, parse_board, render_board
 
 
@@ -57,5 +68,5 @@ def solve(level_or_state: Level | State | np.ndarray) -> int:
 __all__ = [
     "MOVE_NAMES", "SPLITS", "SYMBOLS", "Level", "LevelBank", "Outcome", "State", "Tables",
     "bank_from_boards", "cache_dir", "distance_of", "generate", "generate_boards", "init", "init_batch",
-    "load_split", "parse", "render", "solve", "step", "step_with",
+    "load_split", "optimal_moves", "optimal_moves_with", "parse", "render", "solve", "step", "step_with",
 ]

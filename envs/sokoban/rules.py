@@ -227,3 +227,19 @@ def step(state: State, moves: jax.Array) -> tuple[State, Outcome]:
         raise ValueError("this State carries no distance tables; create it with init/init_batch "
                          "or call step_with(tables, state, moves)")
     return step_with(state.tables.tables, state, moves)
+
+
+def optimal_moves_with(tables: Tables, state: State) -> jax.Array:
+    """bool[4] for moves 1…4 (up, down, left, right): True where the move starts a shortest solution."""
+    outs = [
+        _move(tables, state.board, state.player, state.level, jnp.int32(m))[5] for m in range(1, 5)
+    ]
+    dist = jnp.stack(outs)
+    return (state.distance > 0) & (dist >= 0) & (dist == state.distance - 1)
+
+
+def optimal_moves(state: State) -> jax.Array:
+    """``optimal_moves_with`` using the tables the state was initialised with."""
+    if state.tables is None:
+        raise ValueError("this State carries no distance tables; use optimal_moves_with(tables, state)")
+    return optimal_moves_with(state.tables.tables, state)
