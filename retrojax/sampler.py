@@ -31,6 +31,7 @@ anything is written (check ``room(row)`` first); ``generate`` stops a row that f
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +55,9 @@ from retrojax.sampling.stops import (
 __all__ = ["CacheOverflowError", "Generation", "Sampler", "SamplerError"]
 
 _WHY_LENGTH, _WHY_STOP_TOKEN, _WHY_STOP_STRING = 0, 1, 2
+
+# How often each jitted function was traced (= compiled); tests bound it.
+TRACES: collections.Counter[str] = collections.Counter()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,10 +107,6 @@ class Sampler:
         self._stop_tables: StopStringTables | None = None
         self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
                       "generated_tokens": 0}
-        self.traces = {"prefill": 0, "decode": 0, "next_logits": 0}
-        self._prefill = jax.jit(self._prefill_impl, donate_argnums=(1,))
-        self._decode = jax.jit(self._decode_impl, donate_argnums=(1,), static_argnames=("out_len",))
-        self._next_logits = jax.jit(self._next_logits_impl, donate_argnums=(1,))
 
     # --- public: sizes and bookkeeping ------------------------------------------------------------
     @property
@@ -195,7 +195,8 @@ class Sampler:
                 write_start[r] = start
                 if toks.size > width:
                     left[r] = (start + width, toks[width:])
-            self.cache = self._prefill(self._state, self.cache, jnp.asarray(ids), jnp.asarray(write_start))
+            self.cache = _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids),
+                                  jnp.asarray(write_start))
             self.stats["prefill_calls"] += 1
             pending = left
 
@@ -207,7 +208,8 @@ class Sampler:
         for r in rows:
             pos[r] = self.book.length[r] - 1
             tok[r] = self.book.tokens[r, pos[r]]
-        logits, self.cache = self._next_logits(self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos))
+        logits, self.cache = _next_logits(self._graphdef, self._state, self.cache, jnp.asarray(tok),
+                                          jnp.asarray(pos))
         return np.asarray(logits)[rows]
 
     def generate(
@@ -247,8 +249,8 @@ class Sampler:
         table, table_lens = self._stop_string_tables(stop_strings)
         out_len = pow2_at_least(max(max_new_tokens, 1), 16)
 
-        self.cache, out_ids, out_lp, count, why, steps = self._decode(
-            self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
+        self.cache, out_ids, out_lp, count, why, steps = _decode(
+            self._graphdef, self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
             jnp.asarray(stop_id_arr), jnp.asarray(table), jnp.asarray(table_lens),
             jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), key, out_len=out_len,
         )
@@ -350,69 +352,79 @@ class Sampler:
         return Generation(row=row, ids=ids.astype(np.int32), logprobs=logprobs.astype(np.float32), text=text,
                           finish_reason=finish, reason=reason, stop=stop)
 
-    # --- device functions (jitted in __init__) -------------------------------------------------------
-    def _prefill_impl(self, state, cache: KVCache, ids: jax.Array, write_start: jax.Array) -> KVCache:
-        """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start == max_len: row untouched)."""
-        self.traces["prefill"] += 1
-        model = nnx.merge(self._graphdef, state)
-        positions = write_start[:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
-        _, cache = model.hidden_cached(ids, positions, cache, write_start)
-        return cache
 
-    def _next_logits_impl(self, state, cache: KVCache, tok: jax.Array, pos: jax.Array):
-        self.traces["next_logits"] += 1
-        model = nnx.merge(self._graphdef, state)
-        hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos)
-        return model.project(hidden[:, 0]), cache
+# --- device functions ----------------------------------------------------------------------------
+def _prefill_impl(graphdef, state, cache: KVCache, ids: jax.Array, write_start: jax.Array) -> KVCache:
+    """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start == max_len: row untouched)."""
+    TRACES["prefill"] += 1
+    model = nnx.merge(graphdef, state)
+    positions = write_start[:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
+    _, cache = model.hidden_cached(ids, positions, cache, write_start)
+    return cache
 
-    def _decode_impl(self, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens,
-                     temperature, top_p, top_k, key, *, out_len: int):
-        """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
-        self.traces["decode"] += 1
-        model = nnx.merge(self._graphdef, state)
-        rows, slots = tok.shape[0], cache.k.shape[2]
-        n_strings = table.shape[0]
-        string_idx = jnp.arange(n_strings)[None, :]
 
-        def cond(c):
-            return (c["i"] < jnp.max(limit)) & jnp.any(~c["done"])
+def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.Array):
+    """Feed each row's pending token (write_start == max_len: row untouched) and return its logits."""
+    TRACES["next_logits"] += 1
+    model = nnx.merge(graphdef, state)
+    hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos)
+    return model.project(hidden[:, 0]), cache
 
-        def body(c):
-            live = ~c["done"]
-            write = jnp.where(live, c["pos"], slots)
-            hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write)
-            logits = model.project(hidden[:, 0])
-            new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)
-            new_tok = jnp.where(live, new_tok, 0)
-            count = c["count"] + live
-            at_stop_id = jnp.any(new_tok[:, None] == stop_ids[None, :], axis=-1) & live
-            sstate = jnp.where(live[:, None], table[string_idx, c["sstate"], new_tok[:, None]], c["sstate"])
-            at_stop_str = jnp.any(sstate == table_lens[None, :], axis=-1) & live
-            why = jnp.where(at_stop_id, _WHY_STOP_TOKEN, jnp.where(at_stop_str, _WHY_STOP_STRING, c["why"]))
-            return {
-                "i": c["i"] + 1,
-                "cache": new_cache,
-                "tok": jnp.where(live, new_tok, c["tok"]),
-                "pos": jnp.where(live, c["pos"] + 1, c["pos"]),
-                "done": c["done"] | at_stop_id | at_stop_str | (count >= limit),
-                "count": count,
-                "why": why.astype(jnp.int32),
-                "sstate": sstate.astype(table.dtype),
-                "ids": c["ids"].at[:, c["i"]].set(new_tok),
-                "lp": c["lp"].at[:, c["i"]].set(jnp.where(live, lp, 0.0)),
-            }
 
-        init = {
-            "i": jnp.int32(0),
-            "cache": cache,
-            "tok": tok,
-            "pos": pos,
-            "done": limit <= 0,
-            "count": jnp.zeros((rows,), jnp.int32),
-            "why": jnp.zeros((rows,), jnp.int32),
-            "sstate": jnp.zeros((rows, n_strings), table.dtype),
-            "ids": jnp.zeros((rows, out_len), jnp.int32),
-            "lp": jnp.zeros((rows, out_len), jnp.float32),
+def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens,
+                 temperature, top_p, top_k, key, *, out_len: int):
+    """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
+    TRACES["decode"] += 1
+    model = nnx.merge(graphdef, state)
+    rows, slots = tok.shape[0], cache.k.shape[2]
+    n_strings = table.shape[0]
+    string_idx = jnp.arange(n_strings)[None, :]
+
+    def cond(c):
+        return (c["i"] < jnp.max(limit)) & jnp.any(~c["done"])
+
+    def body(c):
+        live = ~c["done"]
+        write = jnp.where(live, c["pos"], slots)
+        hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write)
+        logits = model.project(hidden[:, 0])
+        new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)
+        new_tok = jnp.where(live, new_tok, 0)
+        count = c["count"] + live
+        at_stop_id = jnp.any(new_tok[:, None] == stop_ids[None, :], axis=-1) & live
+        sstate = jnp.where(live[:, None], table[string_idx, c["sstate"], new_tok[:, None]], c["sstate"])
+        at_stop_str = jnp.any(sstate == table_lens[None, :], axis=-1) & live
+        why = jnp.where(at_stop_id, _WHY_STOP_TOKEN, jnp.where(at_stop_str, _WHY_STOP_STRING, c["why"]))
+        return {
+            "i": c["i"] + 1,
+            "cache": new_cache,
+            "tok": jnp.where(live, new_tok, c["tok"]),
+            "pos": jnp.where(live, c["pos"] + 1, c["pos"]),
+            "done": c["done"] | at_stop_id | at_stop_str | (count >= limit),
+            "count": count,
+            "why": why.astype(jnp.int32),
+            "sstate": sstate.astype(table.dtype),
+            "ids": c["ids"].at[:, c["i"]].set(new_tok),
+            "lp": c["lp"].at[:, c["i"]].set(jnp.where(live, lp, 0.0)),
         }
-        c = jax.lax.while_loop(cond, body, init)
-        return c["cache"], c["ids"], c["lp"], c["count"], c["why"], c["i"]
+
+    init = {
+        "i": jnp.int32(0),
+        "cache": cache,
+        "tok": tok,
+        "pos": pos,
+        "done": limit <= 0,
+        "count": jnp.zeros((rows,), jnp.int32),
+        "why": jnp.zeros((rows,), jnp.int32),
+        "sstate": jnp.zeros((rows, n_strings), table.dtype),
+        "ids": jnp.zeros((rows, out_len), jnp.int32),
+        "lp": jnp.zeros((rows, out_len), jnp.float32),
+    }
+    c = jax.lax.while_loop(cond, body, init)
+    return c["cache"], c["ids"], c["lp"], c["count"], c["why"], c["i"]
+
+
+# Module-level jits: samplers over models of the same architecture share compilations (graphdef is static).
+_prefill = jax.jit(_prefill_impl, static_argnums=(0,), donate_argnums=(2,))
+_next_logits = jax.jit(_next_logits_impl, static_argnums=(0,), donate_argnums=(2,))
+_decode = jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(2,), static_argnames=("out_len",))
