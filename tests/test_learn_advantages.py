@@ -29,8 +29,10 @@ from retrojax.learn.advantages import (
 EPS = 1e-6
 
 
-def call(task, trial, ci, seg, pos, reward=0.0, state="s", hist="h", role=EXECUTION, out=3, is_rewind=False):
-    return CallRecord(trial=trial, task=task, call_index=ci, role=role, segment=seg, position=pos, checkpoint=pos,
+def call(task, trial, ci, seg, pos, reward=0.0, state="s", hist="h", role=EXECUTION, out=3,
+         is_rewind=False):
+    return CallRecord(trial=trial, task=task, call_index=ci, role=role, segment=seg, position=pos,
+                      checkpoint=pos,
                       state_key=state, history_key=hist, prompt_ids=np.arange(5, dtype=np.int32),
                       output_ids=np.arange(out, dtype=np.int32), logprobs=-np.ones(out, np.float32),
                       reward=reward, is_rewind=is_rewind)
@@ -51,8 +53,8 @@ def trial(task, t, score):
     return TrialRecord(trial=t, task=task, seed=0, protocol="T@3", final_score=score)
 
 
-def d6_archive(d=1.0, lam_groups=True) -> Archive:
-    """The D.6 situation: an action with reward d, then a proactive rewind; a second trial from the same state."""
+def d6_archive(d=1.0) -> Archive:
+    """D.6: an action with reward d, then a proactive rewind; a second trial from the same state."""
     a = Archive()
     # trial 0, segment 0: action (reward d) then rewind; reflection; segment 1: one action (reward 2)
     a.calls += [call(0, 0, 0, 0, 0, reward=d, state="s0", hist="h0"),
@@ -72,7 +74,8 @@ def test_norm_singleton_and_constant_groups_are_zero():
     assert norm([5.0]).tolist() == [0.0]
     assert norm([2.0, 2.0, 2.0]).tolist() == [0.0, 0.0, 0.0]
     np.testing.assert_allclose(norm([0.0, 2.0]), [-1 / (1 + EPS), 1 / (1 + EPS)])
-    np.testing.assert_allclose(group_norm([1, 3, 7, 7], ["a", "a", "b", "c"]), [-1 / (1 + EPS), 1 / (1 + EPS), 0, 0])
+    np.testing.assert_allclose(group_norm([1, 3, 7, 7], ["a", "a", "b", "c"]),
+                               [-1 / (1 + EPS), 1 / (1 + EPS), 0, 0])
 
 
 def test_returns_to_go_and_leave_one_out():
@@ -127,7 +130,7 @@ def test_tasks_are_normalized_separately():
 
 
 def _recovery_archive(recs, refl_outputs=(3, 3, 3, 3), resumed_sizes=(1, 1, 1, 1)) -> Archive:
-    """One trial per recovery: segment 0, reflection call 1, resumed segment 1 with ``resumed_sizes`` decisions."""
+    """One trial per recovery: segment 0, reflection call 1, resumed segment 1 (``resumed_sizes`` calls)."""
     a = Archive()
     for t, (rec, out, n_res) in enumerate(zip(recs, refl_outputs, resumed_sizes, strict=False)):
         a.calls += [call(0, t, 0, 0, 0), call(0, t, 1, 0, -1, role=REFLECTION, out=out)]

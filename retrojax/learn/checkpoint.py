@@ -1,8 +1,8 @@
 """Training checkpoints with orbax: params, optimizer state and a JSON record of everything else.
 
 The JSON part holds the update step, RNG key data, the data position (which tasks come next) and any other
-small state the trainer needs to continue exactly; ``restore`` needs abstract trees (shapes/dtypes) of params and
-optimizer state so the restored arrays have the same structure as freshly built ones. Keeps the last N steps.
+small state the trainer needs to continue exactly; ``restore`` needs abstract trees (shapes/dtypes) of params
+and optimizer state so the restored arrays have the same structure as freshly built ones. Keeps the last N.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def abstract_tree(tree: Any) -> Any:
 
 
 class TrainCheckpoints:
-    """``save(step, params, opt_state, meta)`` / ``restore(params_like, opt_like, step=None)`` under a directory."""
+    """``save(step, params, opt_state, meta)`` / ``restore(params_like, opt_like, step=None)``."""
 
     def __init__(self, directory: str | Path, keep: int = 3):
         if keep < 1:
