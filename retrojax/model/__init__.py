@@ -18,8 +18,18 @@ from retrojax.model.qwen3 import (
     init_cache,
     token_logprobs,
 )
+from retrojax.model.tokenizer import (
+    CHAT_SPECIAL_TOKENS,
+    ChatTokenizer,
+    load_tokenizer,
+    train_sentencepiece,
+)
 
 __all__ = [
+    "CHAT_SPECIAL_TOKENS",
+    "ChatTokenizer",
+    "load_tokenizer",
+    "train_sentencepiece",
     "DEFAULT_RULES",
     "CheckpointError",
     "from_pretrained",
