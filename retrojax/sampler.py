@@ -317,7 +317,10 @@ class Sampler:
         return self._stop_tables.build(stop_strings)
 
     def _decode_text(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
+        """Decoded text; ids past the tokenizer's vocabulary (padded model vocab) decode to nothing."""
+        tok = self.tokenizer
+        known = len(tok) if hasattr(tok, "__len__") else getattr(tok, "vocab_size", None)
+        return tok.decode([int(i) for i in ids if known is None or int(i) < known])
 
     def _finish_row(self, row: int, ids: np.ndarray, logprobs: np.ndarray, why: int, max_new_tokens: int,
                     stop_ids: list[int], stop_strings: tuple[str, ...]) -> Generation:
