@@ -138,6 +138,8 @@ class SFTConfig:
     num_solver_episodes: int = 256
     num_recovery_episodes: int = 128
     vocab_size: int = 2000
+    oracle_epsilon: float = 0.3  # recovery demonstrations: the oracle's chance of a random move
+    warmup_steps: int = 10
 
 
 @dataclasses.dataclass(frozen=True)

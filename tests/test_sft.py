@@ -37,6 +37,20 @@ def test_pack_merges_growing_conversation_and_masks_every_output():
     assert stats.own_tokens == 5 and stats.total_tokens == 12
 
 
+def test_pack_context_only_calls_and_end_token():
+    p1, o1 = _ids(1, 2), _ids(3)
+    p2 = _ids(1, 2, 3, 99, 5)  # the transcript closed the turn with the end token 99
+    o2 = _ids(6, 99)  # already ends with it
+    examples, stats = sft.pack_calls([(p1, o1), (p2, o2)], max_len=32, train=[False, True], end_id=99)
+    assert stats.examples == 1
+    np.testing.assert_array_equal(examples[0].ids, [1, 2, 3, 99, 5, 6, 99])
+    np.testing.assert_array_equal(examples[0].own, [0, 0, 0, 0, 0, 1, 1])
+    only_context, stats = sft.pack_calls([(p1, o1)], max_len=32, train=[False])
+    assert only_context == [] and stats.own_tokens == 0
+    with pytest.raises(ValueError, match="flags"):
+        sft.pack_calls([(p1, o1)], max_len=32, train=[True, False])
+
+
 def test_pack_drops_too_long_and_skips_empty_outputs():
     examples, stats = sft.pack_calls([(_ids(1, 2, 3, 4), _ids(5, 6)), (_ids(1), _ids())], max_len=5)
     assert examples == [] and stats.dropped == 1

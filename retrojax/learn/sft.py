@@ -47,16 +47,22 @@ def _has_prefix(seq: np.ndarray, prefix: np.ndarray) -> bool:
     return len(seq) >= len(prefix) and bool(np.array_equal(seq[: len(prefix)], prefix))
 
 
-def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]],
-               max_len: int) -> tuple[list[Example], PackStats]:
+def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
+               train: Sequence[bool] | None = None,
+               end_id: int | None = None) -> tuple[list[Example], PackStats]:
     """Turn ``(prompt_ids, output_ids)`` pairs into training sequences.
 
     Consecutive calls where the next prompt starts with the previous ``prompt + output`` are merged into one
-    sequence (the last call's full text), with every output span marked as the model's own. Sequences longer
-    than ``max_len`` are dropped rather than truncated (a truncated context would teach a different task).
+    sequence (the last call's full text), with every output span marked as the model's own. ``train[i]``
+    False keeps call i as context only (no loss on its output, e.g. a deliberate mistake in a recovery
+    demonstration). With ``end_id`` (the end-of-turn token) an output that does not already end with it
+    gets it appended and trained, so the model learns to stop. Sequences longer than ``max_len`` are
+    dropped rather than truncated (a truncated context would teach a different task).
     """
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2, got {max_len}")
+    if train is not None and len(train) != len(calls):
+        raise ValueError(f"train has {len(train)} flags for {len(calls)} calls")
     examples: list[Example] = []
     dropped = 0
     chain_ids: np.ndarray | None = None
@@ -72,21 +78,25 @@ def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]],
         own = np.zeros(len(chain_ids), bool)
         for a, b in chain_spans:
             own[a:b] = True
-        examples.append(Example(ids=chain_ids.astype(np.int32), own=own))
+        if own.any():
+            examples.append(Example(ids=chain_ids.astype(np.int32), own=own))
 
-    for prompt, output in calls:
+    for i, (prompt, output) in enumerate(calls):
         prompt = np.asarray(prompt, np.int32).reshape(-1)
         output = np.asarray(output, np.int32).reshape(-1)
         if len(output) == 0:
             continue
+        if end_id is not None and int(output[-1]) != end_id:
+            output = np.concatenate([output, np.asarray([end_id], np.int32)])
         full = np.concatenate([prompt, output])
+        span = [(len(prompt), len(full))] if (train is None or train[i]) else []
         if chain_ids is not None and _has_prefix(prompt, chain_ids):
             chain_ids = full
-            chain_spans.append((len(prompt), len(full)))
+            chain_spans.extend(span)
         else:
             flush()
             chain_ids = full
-            chain_spans = [(len(prompt), len(full))]
+            chain_spans = span
     flush()
     stats = PackStats(
         calls=len(calls), examples=len(examples), dropped=dropped,
