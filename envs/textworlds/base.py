@@ -1,0 +1,80 @@
+"""The host-side text-world interface shared by ScienceWorld and ALFWorld.
+
+Text engines run outside jit and cannot snapshot their state, so a world only has to offer
+``reset(task)``, ``step(action)`` and a few on-demand queries (admissible actions, an expert's next
+action). Everything about checkpoints and rewinds (reset + replay of the retained path) lives in
+``bridge.py``; everything about processes lives in ``pool.py``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any
+
+
+class TextWorldError(RuntimeError):
+    """A per-trial failure of the bridge (engine error, dead worker twice, replay divergence)."""
+
+
+class ReplayDivergence(TextWorldError):
+    """Reset + replay of the retained path did not reproduce the observation recorded at C_j."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What a text world reports after a reset or a step.
+
+    ``score`` is the world's own scale (ScienceWorld 0–100; ALFWorld 100 × progress), ``progress`` is
+    in [0, 1] (ScienceWorld score/100 clipped at 0; ALFWorld the fraction of goal conditions that
+    hold). ``valid`` is False when the engine did not recognise the action (the observation is then
+    the engine's own message). ``changed`` says whether the engine state may have moved — an invalid
+    action that did not change it keeps the retained path exact without a replay.
+    """
+
+    text: str
+    score: float
+    progress: float
+    done: bool
+    won: bool
+    reward: float = 0.0
+    valid: bool = True
+    changed: bool = True
+    moves: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class TextWorld(abc.ABC):
+    """One engine instance (lives inside one worker process). Tasks are plain strings."""
+
+    name: str = "textworld"
+
+    @abc.abstractmethod
+    def reset(self, task: str) -> Observation:
+        """Start ``task`` from its initial state."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> Observation:
+        """Apply one action; an unknown action returns the engine's message with ``valid=False``."""
+
+    @abc.abstractmethod
+    def admissible(self) -> dict[str, list[str]]:
+        """Actions a prompt may list, computed on demand (e.g. ``{"actions": [...]}``)."""
+
+    @abc.abstractmethod
+    def expert_action(self) -> str | None:
+        """The expert's next action from the current state (gold path / planner); None when none."""
+
+    @abc.abstractmethod
+    def goal(self) -> str:
+        """The current task's goal text."""
+
+    def child_pids(self) -> list[int]:
+        """Processes the engine started (e.g. a JVM), so the pool can check a clean shutdown."""
+        return []
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the engine (stop its JVM, close its game)."""

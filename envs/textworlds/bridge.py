@@ -1,0 +1,219 @@
+"""Trials over a worker pool: the active path C_0..C_k of each trial, rewound by reset + replay.
+
+The bridge keeps, per trial, the task, the retained action path a_1..a_k and the observation at each
+checkpoint C_0..C_k. ``step`` appends a checkpoint when the engine accepted the action (an action the
+engine rejects is an invalid turn: its message comes back, nothing is appended); ``rewind(j)`` has a
+worker reset and replay a_1..a_j and checks that it sees the observation recorded at C_j — a mismatch
+is a per-trial error, never a silent divergence. Every operation is batched over trials and runs in
+parallel across the pool's workers. A trial that hit an error stays failed: its later calls answer
+with the same error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from envs.textworlds.base import Observation
+from envs.textworlds.pool import Call, Reply, WorkerPool
+
+
+@dataclasses.dataclass
+class TrialRecord:
+    """Host bookkeeping of one trial."""
+
+    task: str
+    worker: int
+    actions: list[str] = dataclasses.field(default_factory=list)  # a_1..a_k on the active path
+    checkpoints: list[Observation] = dataclasses.field(default_factory=list)  # C_0..C_k
+    error: str | None = None
+    error_kind: str | None = None
+    restarts: int = 0
+    replayed_actions: int = 0
+
+    @property
+    def k(self) -> int:
+        return len(self.actions)
+
+    @property
+    def current(self) -> Observation:
+        return self.checkpoints[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The answer for one trial of a batched call; ``obs`` is None exactly when ``error`` is set."""
+
+    trial: int
+    obs: Observation | None
+    k: int
+    error: str | None = None
+    value: Any = None  # admissible / expert / goal answers
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class TextWorldBridge:
+    """Host-side text worlds for many trials at once (see the module docstring)."""
+
+    def __init__(
+        self,
+        world: str,
+        num_workers: int = 2,
+        timeout_s: float = 30.0,
+        world_kwargs: dict[str, Any] | None = None,
+        pool: WorkerPool | None = None,
+    ):
+        self.pool = pool or WorkerPool(world, num_workers, timeout_s, world_kwargs)
+        self.world = world
+        self.trials: dict[int, TrialRecord] = {}
+        self._next_trial = 0
+        self._load = [0] * self.pool.num_workers
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def record(self, trial: int) -> TrialRecord:
+        if trial not in self.trials:
+            raise KeyError(f"unknown trial id {trial}")
+        return self.trials[trial]
+
+    def path(self, trial: int) -> list[str]:
+        return list(self.record(trial).actions)
+
+    def release(self, trials: Sequence[int]) -> None:
+        """Forget finished trials (frees their worker slot for balancing)."""
+        for t in trials:
+            rec = self.trials.pop(t, None)
+            if rec is not None:
+                self._load[rec.worker] -= 1
+
+    def _call(self, rec: TrialRecord, op: str, action: str | None = None, j: int | None = None) -> Call:
+        k = rec.k if j is None else j
+        return Call(
+            op=op,
+            task=rec.task,
+            path=tuple(rec.actions[:k]),
+            expected=rec.checkpoints[k].text,
+            action=action,
+        )
+
+    def _dispatch(self, items: list[tuple[int, Call | None]]) -> list[Reply | None]:
+        """Run the calls of live trials; None entries (failed trials) stay None."""
+        live = [(i, t, c) for i, (t, c) in enumerate(items) if c is not None]
+        replies = self.pool.run([(self.trials[t].worker, c) for _, t, c in live])
+        out: list[Reply | None] = [None] * len(items)
+        for (i, t, _), reply in zip(live, replies, strict=True):
+            rec = self.trials[t]
+            rec.restarts += reply.restarts
+            rec.replayed_actions += reply.replayed
+            if not reply.ok:
+                rec.error, rec.error_kind = reply.error, reply.kind
+            out[i] = reply
+        return out
+
+    def _failed(self, trial: int) -> Outcome:
+        rec = self.trials[trial]
+        return Outcome(trial=trial, obs=None, k=rec.k, error=rec.error)
+
+    # --- batched operations ------------------------------------------------------------------
+    def reset(self, tasks: Sequence[str]) -> list[Outcome]:
+        """Open one new trial per task at its initial state C_0."""
+        ids = []
+        for task in tasks:
+            worker = min(range(len(self._load)), key=lambda w: self._load[w])
+            self._load[worker] += 1
+            tid = self._next_trial
+            self._next_trial += 1
+            self.trials[tid] = TrialRecord(task=task, worker=worker)
+            ids.append(tid)
+        replies = self._dispatch([(t, Call(op="reset", task=self.trials[t].task)) for t in ids])
+        out = []
+        for t, reply in zip(ids, replies, strict=True):
+            rec = self.trials[t]
+            if reply is None or not reply.ok:
+                out.append(self._failed(t))
+                continue
+            rec.checkpoints = [reply.value]
+            out.append(Outcome(trial=t, obs=reply.value, k=0))
+        return out
+
+    def step(self, trials: Sequence[int], actions: Sequence[str]) -> list[Outcome]:
+        """One action per trial; accepted actions push checkpoint C_{k+1}."""
+        if len(trials) != len(actions):
+            raise ValueError(f"{len(trials)} trials but {len(actions)} actions")
+        items: list[tuple[int, Call | None]] = []
+        for t, a in zip(trials, actions, strict=True):
+            rec = self.record(t)
+            if rec.error is None and rec.current.done:
+                rec.error, rec.error_kind = "step after the episode ended", "usage"
+            items.append((t, None if rec.error else self._call(rec, "step", action=str(a))))
+        out = []
+        for (t, _), a, reply in zip(items, actions, self._dispatch(items), strict=True):
+            rec = self.trials[t]
+            if reply is None or not reply.ok:
+                out.append(self._failed(t))
+                continue
+            obs: Observation = reply.value
+            if obs.valid:
+                rec.actions.append(str(a))
+                rec.checkpoints.append(obs)
+            out.append(Outcome(trial=t, obs=obs, k=rec.k))
+        return out
+
+    def rewind(self, trials: Sequence[int], targets: Sequence[int]) -> list[Outcome]:
+        """Back to C_j (0 ≤ j ≤ k): reset + replay a_1..a_j, check the observation, truncate."""
+        if len(trials) != len(targets):
+            raise ValueError(f"{len(trials)} trials but {len(targets)} targets")
+        items: list[tuple[int, Call | None]] = []
+        for t, j in zip(trials, targets, strict=True):
+            rec = self.record(t)
+            if rec.error is None and not 0 <= int(j) <= rec.k:
+                rec.error, rec.error_kind = f"rewind target {j} outside 0..{rec.k}", "usage"
+            call = None
+            if rec.error is None:
+                call = dataclasses.replace(self._call(rec, "restore", j=int(j)), fresh=True)
+            items.append((t, call))
+        replies = self._dispatch(items)
+        out = []
+        for (t, _), j, reply in zip(items, targets, replies, strict=True):
+            rec = self.trials[t]
+            if reply is None or not reply.ok:
+                out.append(self._failed(t))
+                continue
+            del rec.actions[int(j):]
+            del rec.checkpoints[int(j) + 1:]
+            out.append(Outcome(trial=t, obs=rec.current, k=rec.k))
+        return out
+
+    def _query(self, trials: Sequence[int], op: str) -> list[Outcome]:
+        items = [(t, None if self.record(t).error else self._call(self.record(t), op)) for t in trials]
+        out = []
+        for (t, _), reply in zip(items, self._dispatch(items), strict=True):
+            rec = self.trials[t]
+            if reply is None or not reply.ok:
+                out.append(self._failed(t))
+            else:
+                out.append(Outcome(trial=t, obs=rec.current, k=rec.k, value=reply.value))
+        return out
+
+    def admissible(self, trials: Sequence[int]) -> list[Outcome]:
+        """Admissible actions at each trial's current checkpoint (computed only when asked)."""
+        return self._query(trials, "admissible")
+
+    def expert(self, trials: Sequence[int]) -> list[Outcome]:
+        """The expert's next action at each trial's current checkpoint (``value``; None if none)."""
+        return self._query(trials, "expert")
+
+    def goal(self, trials: Sequence[int]) -> list[Outcome]:
+        return self._query(trials, "goal")
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> TextWorldBridge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""ScienceWorld through its fast server path.
+
+The PyPI wrapper's ``env.step`` recomputes every valid action-object combination after each step
+(hundreds of ms); here a step is the Java server's own ``step`` plus the score, and admissible actions
+are computed only when asked. A task is ``"<task-name>:<variation>"``; task splits follow
+ScienceWorld's own train/dev/test variation split. Score is ScienceWorld's 0–100 (negative = failed).
+The gold path (ScienceWorld's own) is generated once per task and cached; the engine is kept loaded
+without gold-path generation so that resets stay cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from envs.textworlds.base import Observation, TextWorld
+
+UNKNOWN_ACTION = "No known action matches that input."
+SPLIT_PARTS = ("train", "dev", "test")
+
+
+def parse_task(task: str) -> tuple[str, int]:
+    """``"boil:3"`` → ``("boil", 3)`` with a clear error for anything else."""
+    name, sep, var = str(task).rpartition(":")
+    if not sep or not name or not var.strip().lstrip("-").isdigit():
+        raise ValueError(f"ScienceWorld task must look like 'task-name:variation', got {task!r}")
+    return name.strip(), int(var)
+
+
+def task_names() -> list[str]:
+    """ScienceWorld's 30 task names, read from the package's own task table (no JVM needed)."""
+    from scienceworld.constants import TASKS
+
+    return [t["task_name"] for t in TASKS]
+
+
+class ScienceWorld(TextWorld):
+    """One ScienceWorld JVM. ``step_limit`` ends an episode after that many moves (as the wrapper)."""
+
+    name = "scienceworld"
+
+    def __init__(self, step_limit: int = 100, simplifications: str = ""):
+        from scienceworld import ScienceWorldEnv
+
+        self.step_limit = int(step_limit)
+        self.simplifications = simplifications
+        self._env = ScienceWorldEnv("", envStepLimit=self.step_limit)
+        self._server = self._env.server
+        self._loaded: tuple[str, int] | None = None
+        self._gold: dict[tuple[str, int], list[str]] = {}
+        self._history: list[str] = []
+        self._last_score = 0.0
+        self._task: tuple[str, int] | None = None
+
+    # --- engine -----------------------------------------------------------------------------
+    def _load(self, name: str, variation: int, gold: bool = False) -> None:
+        names = set(task_names())
+        if name not in names:
+            raise ValueError(f"unknown ScienceWorld task '{name}' (known: {', '.join(sorted(names))})")
+        limit = int(self._server.getTaskMaxVariations(name))
+        if not 0 <= variation < limit:
+            raise ValueError(f"ScienceWorld task '{name}' has variations 0..{limit - 1}, got {variation}")
+        self._server.load(name, variation, self.simplifications, gold)
+        self._loaded = None if gold else (name, variation)
+
+    def _observe(self, text: str, valid: bool, changed: bool) -> Observation:
+        score = float(round(100 * float(self._server.getScore())))
+        moves = int(self._server.getNumMoves())
+        completed = bool(self._server.getCompleted())
+        done = completed or score < 0 or moves > self.step_limit
+        reward = score - self._last_score
+        self._last_score = score
+        return Observation(
+            text=str(text),
+            score=score,
+            progress=min(1.0, max(0.0, score / 100.0)),
+            done=done,
+            won=score >= 100.0,
+            reward=reward,
+            valid=valid,
+            changed=changed,
+            moves=moves,
+        )
+
+    def reset(self, task: str) -> Observation:
+        name, variation = parse_task(task)
+        if self._loaded != (name, variation):
+            self._load(name, variation)
+        else:
+            self._server.reset()
+        self._history = []
+        self._last_score = 0.0
+        self._task = (name, variation)
+        return self._observe(self._server.step("look around"), True, True)
+
+    def step(self, action: str) -> Observation:
+        action = str(action).strip()
+        before = int(self._server.getNumMoves())
+        text = str(self._server.step(action))
+        valid = text.strip() != UNKNOWN_ACTION
+        if valid:
+            self._history.append(action)
+        changed = valid or int(self._server.getNumMoves()) != before
+        return self._observe(text, valid, changed)
+
+    # --- on-demand queries ------------------------------------------------------------------
+    def admissible(self) -> dict[str, list[str]]:
+        """Action templates and visible objects (cheap; what the prompt lists)."""
+        return {
+            "templates": sorted(str(a) for a in self._server.getPossibleActions()),
+            "objects": sorted(str(o) for o in self._server.getPossibleObjects()),
+        }
+
+    def valid_actions(self) -> list[str]:
+        """Every valid action-object combination (slow: about a second; only for random policies)."""
+        return sorted(str(a) for a in self._server.getValidActionObjectCombinations())
+
+    def gold_path(self, task: str) -> list[str]:
+        """ScienceWorld's gold path for ``task`` (cached; costs one gold-path load the first time)."""
+        key = parse_task(task)
+        if key not in self._gold:
+            self._load(*key, gold=True)
+            self._gold[key] = [str(a) for a in self._server.getGoldActionSequence()]
+        return list(self._gold[key])
+
+    def expert_action(self) -> str | None:
+        """The next gold-path action while the history since reset follows the gold path, else None."""
+        if self._task is None:
+            raise RuntimeError("expert_action before any reset")
+        name, variation = self._task
+        history = list(self._history)
+        at = self._loaded == (name, variation)
+        gold = self.gold_path(f"{name}:{variation}")
+        if not at:  # the gold-path load replaced the engine's state: put the history back
+            self.reset(f"{name}:{variation}")
+            for action in history:
+                self.step(action)
+        # the gold path starts with the reset's own "look around"
+        if gold and gold[0] == "look around":
+            gold = gold[1:]
+        if history != gold[: len(history)] or len(history) >= len(gold):
+            return None
+        return gold[len(history)]
+
+    def goal(self) -> str:
+        return str(self._server.getTaskDescription())
+
+    def variations(self, name: str) -> dict[str, list[int]]:
+        """ScienceWorld's own train/dev/test variation split of one task."""
+        self._load(name, 0)
+        return {
+            "train": [int(v) for v in self._server.getVariationsTrain()],
+            "dev": [int(v) for v in self._server.getVariationsDev()],
+            "test": [int(v) for v in self._server.getVariationsTest()],
+        }
+
+    def child_pids(self) -> list[int]:
+        proc = getattr(self._env._gateway, "java_process", None)
+        return [int(proc.pid)] if proc is not None else []
+
+    def close(self) -> None:
+        env, self._env = getattr(self, "_env", None), None
+        if env is None:
+            return
+        proc = getattr(env._gateway, "java_process", None)
+        try:
+            env.close()
+        except Exception:  # the JVM may already be gone; it is killed below either way
+            pass
+        if proc is not None:
+            try:
+                proc.wait(timeout=5)
+            except Exception:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+def _cache_path(cache_dir: str | None) -> Path:
+    root = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "retrojax"
+    return root / "scienceworld_variations.json"
+
+
+def split_tasks(
+    names: Sequence[str] | None, part: str, cache_dir: str | None = None, world: ScienceWorld | None = None
+) -> list[str]:
+    """Tasks ``"name:variation"`` of ScienceWorld's ``part`` (train|dev|test) split for ``names``.
+
+    The variation split is read from the engine once per task name and cached as JSON.
+    """
+    if part not in SPLIT_PARTS:
+        raise ValueError(f"ScienceWorld split part must be one of {SPLIT_PARTS}, got {part!r}")
+    names = list(names) if names else task_names()
+    known = set(task_names())
+    for n in names:
+        if n not in known:
+            raise ValueError(f"unknown ScienceWorld task '{n}' (known: {', '.join(sorted(known))})")
+    path = _cache_path(cache_dir)
+    table: dict[str, dict[str, list[int]]] = {}
+    if path.exists():
+        try:
+            table = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            table = {}
+    missing = [n for n in names if n not in table]
+    if missing:
+        own = world is None
+        w = world or ScienceWorld()
+        try:
+            for n in missing:
+                table[n] = w.variations(n)
+        finally:
+            if own:
+                w.close()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(table, sort_keys=True))
+        tmp.replace(path)
+    return [f"{n}:{v}" for n in names for v in table[n][part]]
