@@ -1,0 +1,1 @@
+"""Speed figures under stable keys: ``retrojax bench <target>``."""

@@ -1,0 +1,173 @@
+"""``retrojax bench sampler``: KV-cache sampler speed vs transformers, and cache rewind vs re-prefill.
+
+Figures (stable keys; the ``wide.`` prefix repeats them for a wider model):
+
+- ``decode_tok_per_s.{1,32}``: new tokens per second for 64 greedy tokens after a 16-token prompt at batch 1
+  and 32 (append + generate, compiled beforehand), and ``hf_decode_tok_per_s.{1,32}`` for transformers
+  ``generate`` on the same weights (save_pretrained -> ``Qwen3ForCausalLM.from_pretrained``, torch CPU, same
+  run).
+- ``multiturn.*``: 32 rows × 20 turns of ~40 observation tokens and 30 sampled tokens; every 5th turn each row
+  rewinds 1–3 turns back (staggered by row). ``rewind``: append the new observation, rewind the cache to a
+  checkpoint; ``reprefill``: reset the row and prefill the whole conversation every turn (what agent loops
+  that re-send the conversation do). ``prefill_tokens`` counts appended tokens; ``wall_s`` is the scenario's
+  time; ``prefill_ratio`` and ``wall_ratio`` are reprefill / rewind.
+
+The tiny model is the issue's (hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 16, vocab 1000); the wide
+one has hidden 512, 4 layers, 8 heads, 4 kv heads, head_dim 64. ``--quick`` shrinks everything (smoke test;
+its batch keys are the batches it ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+
+from retrojax.model.checkpoint import save_pretrained
+from retrojax.model.qwen3 import Qwen3, Qwen3Config
+from retrojax.sampler import Sampler
+
+MODELS = {
+    "": Qwen3Config(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096),
+    "wide.": Qwen3Config(vocab_size=1000, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                         max_position_embeddings=4096),
+}
+
+
+def _timed(fn, repeats: int) -> float:
+    """Best wall time of ``repeats`` calls (the first call of each shape was made before)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def decode_ours(model: Qwen3, batch: int, prompt_len: int, new: int, repeats: int) -> float:
+    """Tokens/s of append + greedy generate on the KV-cache sampler."""
+    sampler = Sampler(model, rows=batch, max_len=prompt_len + new + 1, chunk_buckets=(prompt_len,))
+    prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch, prompt_len))
+    rows = list(range(batch))
+
+    def run():
+        for r in rows:
+            sampler.reset(r)
+        sampler.append(rows, list(prompts))
+        outs = sampler.generate(rows, new, temperature=0.0)
+        assert all(o.ids.size == new for o in outs)
+
+    run()
+    return batch * new / _timed(run, repeats)
+
+
+def decode_hf(path: Path, batch: int, prompt_len: int, new: int, repeats: int) -> float:
+    """Tokens/s of transformers ``generate`` (greedy, exactly ``new`` tokens) on torch CPU."""
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = torch.as_tensor(np.random.default_rng(0).integers(0, hf.config.vocab_size, (batch, prompt_len)))
+
+    def run():
+        with torch.no_grad():
+            out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
+                              min_new_tokens=new, do_sample=False, pad_token_id=0)
+        assert out.shape == (batch, prompt_len + new)
+
+    run()
+    return batch * new / _timed(run, repeats)
+
+
+def multiturn(model: Qwen3, *, rows: int, turns: int, obs_len: int, gen_len: int, rewind_every: int,
+              reprefill: bool) -> tuple[int, float]:
+    """One multi-turn scenario; returns (prefill tokens, wall seconds). Shapes are compiled beforehand."""
+    rng = np.random.default_rng(1)
+    vocab = model.config.vocab_size
+    obs = [[rng.integers(0, vocab, obs_len + int(rng.integers(-obs_len // 4, obs_len // 4 + 1)))
+            for _ in range(rows)] for _ in range(turns)]
+    max_len = 1 << (turns * (obs_len + obs_len // 4 + gen_len)).bit_length()
+    sampler = Sampler(model, rows=rows, max_len=max_len, chunk_buckets=(64, 256))
+    all_rows = list(range(rows))
+    key = jax.random.key(0)
+
+    def scenario() -> None:
+        conv = [np.zeros((0,), np.int32) for _ in all_rows]
+        marks: list[list[int]] = [[] for _ in all_rows]
+        for r in all_rows:
+            sampler.reset(r)
+        for t in range(turns):
+            for r in all_rows:
+                marks[r].append(conv[r].size)  # checkpoint C_t: the conversation before turn t
+                if t % rewind_every == rewind_every - 1:
+                    back = marks[r][max(t - 1 - r % 3, 0)]
+                    conv[r] = conv[r][:back]
+                    if not reprefill:
+                        sampler.rewind(r, back)
+                conv[r] = np.concatenate([conv[r], obs[t][r]]).astype(np.int32)
+            if reprefill:
+                for r in all_rows:
+                    sampler.reset(r)
+                sampler.append(all_rows, conv)
+            else:
+                sampler.append(all_rows, [obs[t][r] for r in all_rows])
+            outs = sampler.generate(all_rows, gen_len, key=jax.random.fold_in(key, t))
+            for r, o in zip(all_rows, outs, strict=True):
+                conv[r] = np.concatenate([conv[r], o.ids])
+                assert sampler.length(r) == conv[r].size
+
+    scenario()  # compile every shape the scenario uses
+    sampler.stats["prefill_tokens"] = 0
+    t0 = time.perf_counter()
+    scenario()
+    return sampler.stats["prefill_tokens"], time.perf_counter() - t0
+
+
+def run(quick: bool = False, log=print) -> dict[str, float]:
+    """All figures, keyed as in the module docstring."""
+    figures: dict[str, float] = {}
+    batches = (1, 4) if quick else (1, 32)
+    prompt_len, new, repeats = (16, 8, 1) if quick else (16, 64, 3)
+    scen = (dict(rows=4, turns=5, obs_len=12, gen_len=6, rewind_every=5) if quick
+            else dict(rows=32, turns=20, obs_len=40, gen_len=30, rewind_every=5))
+    models = {"": MODELS[""]} if quick else MODELS
+    for prefix, config in models.items():
+        model = Qwen3(config, rngs=nnx.Rngs(0))
+        with tempfile.TemporaryDirectory() as tmp:
+            save_pretrained(model, tmp)
+            for b in batches:
+                key = b
+                ours = figures[f"{prefix}decode_tok_per_s.{key}"] = decode_ours(model, b, prompt_len, new,
+                                                                                 repeats)
+                hf = figures[f"{prefix}hf_decode_tok_per_s.{key}"] = decode_hf(Path(tmp), b, prompt_len, new,
+                                                                              repeats)
+                log(f"{prefix}decode_tok_per_s.{key}: {ours:.1f} (transformers {hf:.1f})")
+        for mode in ("rewind", "reprefill"):
+            tokens, wall = multiturn(model, reprefill=mode == "reprefill", **scen)
+            figures[f"{prefix}multiturn.prefill_tokens.{mode}"] = tokens
+            figures[f"{prefix}multiturn.wall_s.{mode}"] = wall
+            log(f"{prefix}multiturn.{mode}: {tokens} prefill tokens, {wall:.2f} s")
+        figures[f"{prefix}multiturn.prefill_ratio"] = (figures[f"{prefix}multiturn.prefill_tokens.reprefill"]
+                                                      / figures[f"{prefix}multiturn.prefill_tokens.rewind"])
+        figures[f"{prefix}multiturn.wall_ratio"] = (figures[f"{prefix}multiturn.wall_s.reprefill"]
+                                                   / figures[f"{prefix}multiturn.wall_s.rewind"])
+    return figures
+
+
+def main(args: argparse.Namespace) -> int:
+    figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
+    for k, v in figures.items():
+        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
+    if getattr(args, "json", None):
+        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True))
+    return 0
