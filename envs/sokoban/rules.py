@@ -132,14 +132,16 @@ def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
     """Exact distance for ``key`` in ``level``'s table segment; −1 when absent (dead)."""
     lo = tables.offsets[level]
     end = lo + tables.counts[level]
-    hi = end
     last = tables.keys.shape[0] - 1
-    for _ in range(tables.search_steps):
+
+    def halve(_, bounds):
+        lo, hi = bounds
         mid = (lo + hi) // 2
         open_ = lo < hi
         right = tables.keys[jnp.minimum(mid, last)] < key
-        lo = jnp.where(open_ & right, mid + 1, lo)
-        hi = jnp.where(open_ & ~right, mid, hi)
+        return jnp.where(open_ & right, mid + 1, lo), jnp.where(open_ & ~right, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, tables.search_steps, halve, (lo, end))
     idx = jnp.minimum(lo, last)
     found = (lo < end) & (tables.keys[idx] == key)
     return jnp.where(found, tables.dists[idx], jnp.int16(-1)).astype(jnp.int16)
@@ -188,26 +190,29 @@ def _move(tables: Tables, board, player, level, move):
 def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Outcome]:
     """Apply a turn of primitive moves (``int32[K]``, 0 = no move) with explicit ``tables``."""
     moves = jnp.asarray(moves, jnp.int32)
-    board, player, dist = state.board, state.player, state.distance
-    reward = jnp.float32(0.0)
-    applied = jnp.int32(0)
-    invalid = jnp.int32(0)
-    for k in range(moves.shape[0]):
-        move = moves[k]
+
+    def one(carry, move):
+        board, player, dist, reward, applied, invalid = carry
         bad = (move < 0) | (move > 4)
-        invalid = invalid + bad.astype(jnp.int32)
         active = (dist > 0) & ~bad & (move != 0)
         nb, npl, moved, on, off, nd = _move(tables, board, player, state.level, move)
         moved = moved & active
-        board = jnp.where(moved, nb, board)
-        player = jnp.where(moved, npl, player)
-        newly_solved = moved & (nd == 0)
         reward = reward + jnp.where(active, MOVE_PENALTY, 0.0)
         reward = reward + jnp.where(moved & on, BOX_ON_REWARD, 0.0)
         reward = reward + jnp.where(moved & off, BOX_OFF_REWARD, 0.0)
-        reward = reward + jnp.where(newly_solved, SOLVED_REWARD, 0.0)
-        dist = jnp.where(moved, nd, dist)
-        applied = applied + moved.astype(jnp.int32)
+        reward = reward + jnp.where(moved & (nd == 0), SOLVED_REWARD, 0.0)
+        carry = (
+            jnp.where(moved, nb, board),
+            jnp.where(moved, npl, player),
+            jnp.where(moved, nd, dist),
+            reward,
+            applied + moved.astype(jnp.int32),
+            invalid + bad.astype(jnp.int32),
+        )
+        return carry, None
+
+    init = (state.board, state.player, state.distance, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
+    (board, player, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
     new_state = state.replace(board=board, player=player, distance=dist)
     outcome = Outcome(
         reward=reward.astype(jnp.float32),
