@@ -140,18 +140,26 @@ class TextWorldBridge:
         return out
 
     def step(self, trials: Sequence[int], actions: Sequence[str]) -> list[Outcome]:
-        """One action per trial; accepted actions push checkpoint C_{k+1}."""
+        """One action per trial; accepted actions push checkpoint C_{k+1}.
+
+        Stepping a trial whose episode has ended is answered with an error and changes nothing.
+        """
         if len(trials) != len(actions):
             raise ValueError(f"{len(trials)} trials but {len(actions)} actions")
         items: list[tuple[int, Call | None]] = []
-        for t, a in zip(trials, actions, strict=True):
+        usage: dict[int, str] = {}
+        for i, (t, a) in enumerate(zip(trials, actions, strict=True)):
             rec = self.record(t)
             if rec.error is None and rec.current.done:
-                rec.error, rec.error_kind = "step after the episode ended", "usage"
-            items.append((t, None if rec.error else self._call(rec, "step", action=str(a))))
+                usage[i] = "step after the episode ended"
+            call = None if (rec.error or i in usage) else self._call(rec, "step", action=str(a))
+            items.append((t, call))
         out = []
-        for (t, _), a, reply in zip(items, actions, self._dispatch(items), strict=True):
+        for i, ((t, _), a, reply) in enumerate(zip(items, actions, self._dispatch(items), strict=True)):
             rec = self.trials[t]
+            if i in usage:
+                out.append(Outcome(trial=t, obs=None, k=rec.k, error=usage[i]))
+                continue
             if reply is None or not reply.ok:
                 out.append(self._failed(t))
                 continue
@@ -163,22 +171,29 @@ class TextWorldBridge:
         return out
 
     def rewind(self, trials: Sequence[int], targets: Sequence[int]) -> list[Outcome]:
-        """Back to C_j (0 ≤ j ≤ k): reset + replay a_1..a_j, check the observation, truncate."""
+        """Back to C_j (0 ≤ j ≤ k): reset + replay a_1..a_j, check the observation, truncate.
+
+        A target outside 0..k is answered with an error and changes nothing.
+        """
         if len(trials) != len(targets):
             raise ValueError(f"{len(trials)} trials but {len(targets)} targets")
         items: list[tuple[int, Call | None]] = []
-        for t, j in zip(trials, targets, strict=True):
+        usage: dict[int, str] = {}
+        for i, (t, j) in enumerate(zip(trials, targets, strict=True)):
             rec = self.record(t)
             if rec.error is None and not 0 <= int(j) <= rec.k:
-                rec.error, rec.error_kind = f"rewind target {j} outside 0..{rec.k}", "usage"
+                usage[i] = f"rewind target {j} outside 0..{rec.k}"
             call = None
-            if rec.error is None:
+            if rec.error is None and i not in usage:
                 call = dataclasses.replace(self._call(rec, "restore", j=int(j)), fresh=True)
             items.append((t, call))
         replies = self._dispatch(items)
         out = []
-        for (t, _), j, reply in zip(items, targets, replies, strict=True):
+        for i, ((t, _), j, reply) in enumerate(zip(items, targets, replies, strict=True)):
             rec = self.trials[t]
+            if i in usage:
+                out.append(Outcome(trial=t, obs=None, k=rec.k, error=usage[i]))
+                continue
             if reply is None or not reply.ok:
                 out.append(self._failed(t))
                 continue

@@ -7,7 +7,8 @@ trial, and a restarted worker continues a trial by replay without the caller doi
 
 Calls of one batch run in parallel across workers (each worker serves its queue in order); every call
 has a deadline. A worker that dies or misses its deadline is killed with its whole process group (the
-engine's JVM included), restarted, and the call is sent again (once). Workers are fresh interpreters
+engine's JVM included), restarted, and the call is sent again (once, with extra time for the fresh
+engine to warm up: its first call replays the trial's path). Workers are fresh interpreters
 (``python -m envs.textworlds.worker``, never a fork of a process that may hold JAX threads) started in
 their own session and talking over a socket pair, so closing the pool (or killing one worker) leaves
 no stray engine process behind, and the caller's ``__main__`` is never re-imported.
@@ -237,6 +238,7 @@ class WorkerPool:
         world_kwargs: dict[str, Any] | None = None,
         start_timeout_s: float = 180.0,
         max_retries: int = 1,
+        retry_grace_s: float = 60.0,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -247,6 +249,7 @@ class WorkerPool:
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         self.max_retries = int(max_retries)
+        self.retry_grace_s = float(retry_grace_s)  # extra time for a retry: a fresh engine warms up
         self.restarts = 0
         self._next_id = 0
         self._workers: list[_Worker | None] = [None] * num_workers
@@ -346,7 +349,8 @@ class WorkerPool:
                     # restart, then either resend this call (retry) or move on to the next one
                     self._fail_and_restart(wi, pos, attempts, replies, queues, "worker pipe broken")
                     continue
-                inflight[wi] = (pos, self._next_id, time.monotonic() + self.timeout_s)
+                limit = self.timeout_s + (self.retry_grace_s if attempts[pos] else 0.0)
+                inflight[wi] = (pos, self._next_id, time.monotonic() + limit)
                 return
 
         for wi in list(queues):

@@ -4,8 +4,10 @@ The PyPI wrapper's ``env.step`` recomputes every valid action-object combination
 (hundreds of ms); here a step is the Java server's own ``step`` plus the score, and admissible actions
 are computed only when asked. A task is ``"<task-name>:<variation>"``; task splits follow
 ScienceWorld's own train/dev/test variation split. Score is ScienceWorld's 0–100 (negative = failed).
-The gold path (ScienceWorld's own) is generated once per task and cached; the engine is kept loaded
-without gold-path generation so that resets stay cheap.
+ScienceWorld's gold-path generator picks among equivalent solutions at random, so the first gold
+path generated for a task is stored on disk (first writer wins) and every worker — a restarted one
+included — follows that same path. The engine is kept loaded without gold-path generation so that
+resets stay cheap.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class ScienceWorld(TextWorld):
 
     name = "scienceworld"
 
-    def __init__(self, step_limit: int = 100, simplifications: str = ""):
+    def __init__(self, step_limit: int = 100, simplifications: str = "", cache_dir: str | None = None):
         from scienceworld import ScienceWorldEnv
 
         self.step_limit = int(step_limit)
@@ -50,6 +52,7 @@ class ScienceWorld(TextWorld):
         self._server = self._env.server
         self._loaded: tuple[str, int] | None = None
         self._gold: dict[tuple[str, int], list[str]] = {}
+        self._gold_dir = _cache_root(cache_dir) / "scienceworld_gold"
         self._history: list[str] = []
         self._last_score = 0.0
         self._task: tuple[str, int] | None = None
@@ -120,9 +123,22 @@ class ScienceWorld(TextWorld):
     def gold_path(self, task: str) -> list[str]:
         """ScienceWorld's gold path for ``task`` (cached; costs one gold-path load the first time)."""
         key = parse_task(task)
-        if key not in self._gold:
+        if key in self._gold:
+            return list(self._gold[key])
+        path = self._gold_dir / f"{key[0]}-{key[1]}{self.simplifications and '-' + self.simplifications}.json"
+        if not path.exists():
             self._load(*key, gold=True)
-            self._gold[key] = [str(a) for a in self._server.getGoldActionSequence()]
+            gold = [str(a) for a in self._server.getGoldActionSequence()]
+            self._gold_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(gold))
+            try:
+                os.link(tmp, path)  # atomic, and the first writer wins
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        self._gold[key] = json.loads(path.read_text())
         return list(self._gold[key])
 
     def expert_action(self) -> str | None:
@@ -177,9 +193,12 @@ class ScienceWorld(TextWorld):
                 proc.wait(timeout=5)
 
 
+def _cache_root(cache_dir: str | None) -> Path:
+    return Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "retrojax"
+
+
 def _cache_path(cache_dir: str | None) -> Path:
-    root = Path(cache_dir or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "retrojax"
-    return root / "scienceworld_variations.json"
+    return _cache_root(cache_dir) / "scienceworld_variations.json"
 
 
 def split_tasks(
@@ -206,7 +225,7 @@ def split_tasks(
     missing = [n for n in names if n not in table]
     if missing:
         own = world is None
-        w = world or ScienceWorld()
+        w = world or ScienceWorld(cache_dir=cache_dir)
         try:
             for n in missing:
                 table[n] = w.variations(n)
