@@ -1,0 +1,83 @@
+"""Prompt templates for the trial loop, one family per world, in a full and a compact style.
+
+A :class:`PromptSet` holds ``str.format`` templates with named fields. The loop fills them in
+``trial.py``; which set is used is chosen by the world's ``prompt_key`` and ``cfg.trial.prompt_style``
+through :func:`get_prompts`. Every family must provide the same fields (pinned by the tests):
+
+- ``system``: role, rules and symbols, goal, that the task is solvable, the two budgets and the refund
+  rule, checkpoints and the rewind syntax with when rewinding helps, the response format. Fields:
+  ``max_calls``, ``branch_budget``, ``rewind_rules`` (the protocol's rewind paragraph), plus the world's
+  ``prompt_fields`` (board size, …).
+- ``user``: one execution turn. Fields: ``observation``, ``calls_used``, ``calls_left``,
+  ``branch_used``, ``branch_left``, ``checkpoint``, ``targets``, ``events``, ``note``.
+- ``memory``: the remark placed at ``C_j`` after a restore. Fields: ``checkpoint``, ``remark``.
+- ``reflect_known`` (the target is known: the agent asked for it) and ``reflect_choose`` (forced
+  recovery: the reflection picks the target). Fields: ``rules``, ``trigger``, ``target``, ``checkpoint``,
+  ``state_target``, ``state_current``, ``history``, ``earlier``; ``reflect_choose`` also ``targets``.
+- ``rewind_allowed`` / ``rewind_forbidden``: the protocol paragraph for ``system``'s ``rewind_rules``.
+- ``triggers``: why a recovery started, keyed by ``model``, ``failure``, ``branch_budget``, ``truncated``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import string
+
+STYLES = ("full", "compact")
+
+SYSTEM_FIELDS = ("max_calls", "branch_budget", "rewind_rules")
+USER_FIELDS = ("observation", "calls_used", "calls_left", "branch_used", "branch_left", "checkpoint",
+               "targets", "events", "note")
+MEMORY_FIELDS = ("checkpoint", "remark")
+REFLECT_FIELDS = ("rules", "trigger", "target", "checkpoint", "state_target", "state_current", "history",
+                  "earlier")
+REFLECT_CHOOSE_FIELDS = (*REFLECT_FIELDS, "targets")
+TRIGGERS = ("model", "failure", "branch_budget", "truncated")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+    """The templates of one world in one style (see the module docstring for the fields)."""
+
+    system: str
+    user: str
+    memory: str
+    reflect_known: str
+    reflect_choose: str
+    rules: str  # a short rules summary shown inside reflection prompts
+    rewind_allowed: str
+    rewind_forbidden: str
+    triggers: dict[str, str]
+
+    def fields(self, name: str) -> set[str]:
+        """Named fields used by template ``name``."""
+        return {f for _, f, _, _ in string.Formatter().parse(getattr(self, name)) if f}
+
+
+_REGISTRY: dict[tuple[str, str], PromptSet] = {}
+
+
+def register(key: str, style: str, prompts: PromptSet) -> None:
+    """Add a template family (``key`` = a world's ``prompt_key``) in ``style``."""
+    if style not in STYLES:
+        raise ValueError(f"prompt style must be one of {STYLES}, got {style!r}")
+    _REGISTRY[(key, style)] = prompts
+
+
+def _load_builtin() -> None:
+    from retrojax.agent.prompts import minesweeper, sokoban  # noqa: F401  (each registers on import)
+
+
+def get_prompts(key: str, style: str = "full") -> PromptSet:
+    """The templates for world ``key`` in ``style`` (``full`` | ``compact``)."""
+    _load_builtin()
+    if (key, style) not in _REGISTRY:
+        known = sorted(f"{k}/{s}" for k, s in _REGISTRY)
+        raise ValueError(f"no prompt templates for {key!r} in style {style!r}; known: {', '.join(known)}")
+    return _REGISTRY[(key, style)]
+
+
+def registered() -> list[tuple[str, str]]:
+    """All (key, style) pairs with templates."""
+    _load_builtin()
+    return sorted(_REGISTRY)

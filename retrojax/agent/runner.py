@@ -1,0 +1,161 @@
+"""The batched trial runner: all live trials advance together, one model call each per tick.
+
+A tick: gather every live trial's pending request (execution or reflection), make one batched policy call,
+parse all outputs, apply all world steps as one batched ``env.step`` and all rewinds as one batched
+``env.rewind``, and repeat until every trial has ended (each tick uses one call of every live trial, so
+a batch ends within ``max_calls`` ticks).
+
+Tokens: with ``record_tokens`` (the default) every call's exact input ids and output ids go to the
+archive. The tokenizer is the policy's (``ModelPolicy``), else the one given, else a byte-level fallback
+(``chat.ByteChatTokenizer``), so scripted runs also give complete archives. Evaluation turns recording
+off: then scripted policies run without rendering prompts at all.
+
+The simple entry point is :func:`run_trials`::
+
+    archive, metrics = run_trials(cfg, OraclePolicy(0.3), task_ids=range(16), seeds=[0, 1],
+                                  trials_per_task=8, protocols=["P@1", "T@1", "T@3"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from retrojax.agent.archive import Archive
+from retrojax.agent.chat import ByteChatTokenizer, ChatTokenizer, wrap_tokenizer
+from retrojax.agent.env_api import TrialEnv, make_env
+from retrojax.agent.policies import Policy
+from retrojax.agent.prompts import get_prompts
+from retrojax.agent.trial import Limits, Trial, TrialSpec, parse_protocol
+
+
+class Runner:
+    """Runs batches of trials of one world with one policy (see the module docstring)."""
+
+    def __init__(self, cfg: Any, env: TrialEnv, policy: Policy, *, tokenizer: Any = None,
+                 record_tokens: bool = True, prompt_style: str | None = None):
+        self.cfg, self.env, self.policy = cfg, env, policy
+        self.limits = Limits.from_config(cfg)
+        tok: ChatTokenizer | None = policy.tokenizer
+        if tok is None and record_tokens:
+            tok = wrap_tokenizer(tokenizer) if tokenizer is not None else ByteChatTokenizer()
+        self.tokenizer = tok
+        style = prompt_style or cfg.trial.prompt_style
+        render = tok is not None or policy.needs_text
+        self.prompts = get_prompts(env.prompt_key, style) if render else None
+        self.action_style = getattr(env, "action_style", "tag")
+        self.ticks = 0
+        self._opened: tuple[int, int] | None = None
+
+    def run(self, specs: Sequence[TrialSpec]) -> Archive:
+        """Run ``specs`` to the end in one batch (slot i holds specs[i]); returns their archive."""
+        if not specs:
+            return Archive()
+        for s in specs:
+            parse_protocol(s.protocol)
+        n = len(specs)
+        shape = (n, self.limits.branch_budget + 1)
+        if self._opened != shape:
+            self.env.open(*shape)
+            self._opened = shape
+        slots = list(range(n))
+        trials = [Trial(spec, slot, self.env, self.limits, self.prompts, self.tokenizer, self.action_style)
+                  for spec, slot in zip(specs, slots, strict=True)]
+        infos = self.env.reset(slots, [s.task for s in specs])
+        obs = self.env.observations(slots) if self.prompts is not None else [""] * n
+        for t, info, o in zip(trials, infos, obs, strict=True):
+            t.start(info, o)
+        self.policy.begin(specs, slots, self.env)
+        try:
+            live = [t for t in trials if not t.done]
+            while live:
+                self._tick(live)
+                live = [t for t in live if not t.done]
+        finally:
+            self.policy.end()
+        return _collect(trials)
+
+    def _tick(self, live: list[Trial]) -> None:
+        requests = [t.request() for t in live]
+        gens = self.policy.generate(requests)
+        if len(gens) != len(requests):
+            raise RuntimeError(f"policy returned {len(gens)} replies for {len(requests)} requests")
+        steps, rewinds = [], []
+        for t, g in zip(live, gens, strict=True):
+            op = t.on_output(g)
+            if op is None:
+                continue
+            (steps if op.kind == "step" else rewinds).append((t, op))
+        if steps:
+            slots = [t.slot for t, _ in steps]
+            infos = self.env.step(slots, [op.action for _, op in steps])
+            obs = self.env.observations(slots) if self.prompts is not None else [""] * len(slots)
+            for (t, _), info, o in zip(steps, infos, obs, strict=True):
+                t.on_step(info, o)
+        if rewinds:
+            self.env.rewind([t.slot for t, _ in rewinds], [op.target for _, op in rewinds])
+            for t, _ in rewinds:
+                t.on_rewound()
+        self.ticks += 1
+
+
+def _collect(trials: Sequence[Trial]) -> Archive:
+    out = Archive()
+    for t in trials:
+        out.calls.extend(t.calls)
+        out.segments.extend(t.segments)
+        out.recoveries.extend(t.recoveries)
+        out.trials.append(t.record)
+    return out
+
+
+def make_specs(task_ids: Iterable[int], seeds: Iterable[int], trials_per_task: int,
+               protocols: Sequence[str], first_trial: int = 0) -> list[TrialSpec]:
+    """Trial specs ordered by seed, protocol, task, replicate; trial ids count up from ``first_trial``."""
+    if trials_per_task < 1:
+        raise ValueError(f"trials_per_task must be at least 1, got {trials_per_task}")
+    tasks = list(task_ids)
+    specs = []
+    tid = first_trial
+    for seed in seeds:
+        for proto in protocols:
+            name = parse_protocol(proto).name
+            for task in tasks:
+                for b in range(trials_per_task):
+                    specs.append(TrialSpec(trial=tid, task=int(task), seed=int(seed), replicate=b,
+                                           protocol=name))
+                    tid += 1
+    return specs
+
+
+def run_trials(cfg: Any, policy: Policy, task_ids: Iterable[int] | None = None, seeds: Iterable[int] = (0,),
+               trials_per_task: int | None = None, protocols: Sequence[str] | None = None, *,
+               env: TrialEnv | None = None, split: str | None = None, tokenizer: Any = None,
+               record_tokens: bool = True, batch_size: int = 8192) -> tuple[Archive, dict[str, Any]]:
+    """Run trials and return ``(archive, metrics)``.
+
+    ``task_ids`` default to every task of the split; ``trials_per_task`` to ``cfg.trial.trials_per_task``;
+    ``protocols`` to ``[cfg.trial.protocol]``. The world is ``env`` or ``make_env(cfg, split)``. Trials
+    run in batches of at most ``batch_size`` (a batch keeps whole task groups together when it can).
+    ``metrics`` is :func:`retrojax.eval.metrics.summarize` of the trial records.
+    """
+    from retrojax.eval.metrics import summarize
+
+    own_env = env is None
+    env = make_env(cfg, split) if env is None else env
+    try:
+        tasks = list(range(env.num_tasks)) if task_ids is None else [int(t) for t in task_ids]
+        bad = [t for t in tasks if not 0 <= t < env.num_tasks]
+        if bad:
+            raise ValueError(f"task ids {bad[:5]} outside [0, {env.num_tasks})")
+        b = cfg.trial.trials_per_task if trials_per_task is None else trials_per_task
+        specs = make_specs(tasks, list(seeds), b, list(protocols or [cfg.trial.protocol]))
+        runner = Runner(cfg, env, policy, tokenizer=tokenizer, record_tokens=record_tokens)
+        size = max(b, (batch_size // b) * b)
+        archive = Archive()
+        for i in range(0, len(specs), size):
+            archive.extend(runner.run(specs[i : i + size]))
+    finally:
+        if own_env:
+            env.close()
+    return archive, summarize(archive.trials)

@@ -1,0 +1,620 @@
+"""One trial of retrospective exploration (ReTRAIL's Algorithm 1) as a host-side state machine.
+
+A trial alternates between asking for a model call (:meth:`Trial.request`) and consuming its output
+(:meth:`Trial.on_output`), which may ask the runner for one environment operation (a step of the parsed
+move, or a rewind to ``C_j``); the runner batches those operations over all trials and reports back
+(:meth:`Trial.on_step`, :meth:`Trial.on_rewound`). Everything here is plain Python: the trial never touches
+the device, so the same machine drives JAX worlds and host text worlds.
+
+Bookkeeping per checkpoint ``C_i`` of the active path: the world's state key and progress figure, the
+path score S, the branch-budget consumption, the conversation position (mark) just after the turn that
+created it, and its observation text. The rules (see issue 6 / the paper's Algorithm 1):
+
+- every call (execution or reflection) counts against ``max_calls`` and is never refunded;
+- every execution turn counts against ``branch_budget``; a restore to ``C_j`` resets the count to its
+  value when ``C_j`` was created (so turns after ``C_j``, including invalid ones, are given back);
+- an invalid output consumes the call, changes nothing, and the next user turn says why;
+- a model-initiated rewind (``rewind to C_j``) is granted when the protocol allows it, ``0 ≤ j < k``,
+  fewer than ``max_model_rewinds`` were made, and at least ``min_calls_for_recovery`` calls remain after
+  the request; otherwise it is an invalid turn with the reason;
+- a forced recovery follows a failure, an exhausted branch budget or a truncated output when the protocol
+  allows it (``T@k``), the macro-attempt count is below ``k``, enough calls remain and ``k ≥ 1``;
+  otherwise the trial ends;
+- a recovery makes one reflection call while the abandoned branch is still in context; the remark (or the
+  whole reflection when it has none, tail-clipped to ``remark_max_chars``) is placed at ``C_j`` as a user
+  message after the conversation is rewound to ``C_j``'s mark. A newer remark at the same ``C_j``
+  replaces the older one (shown to later reflections as superseded); remarks at later checkpoints leave
+  the context with the branch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from retrojax.agent import parse
+from retrojax.agent.archive import (
+    EXECUTION,
+    REFLECTION,
+    CallRecord,
+    RecoveryRecord,
+    SegmentRecord,
+    TrialRecord,
+)
+from retrojax.agent.chat import ChatTokenizer, Transcript
+from retrojax.agent.env_api import Action, StepInfo, TrialEnv, text_key
+from retrojax.agent.prompts import PromptSet
+
+EXECUTE = "execute"
+REFLECT_KNOWN = "reflect_known"
+REFLECT_CHOOSE = "reflect_choose"
+_EMPTY_IDS = np.zeros(0, np.int32)
+_EMPTY_LP = np.zeros(0, np.float32)
+
+
+# --------------------------------------------------------------------------------------------------
+# Protocols
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """What recovery a trial may use: ``P@1`` none; ``T@1`` model rewinds; ``T@k`` also forced ones."""
+
+    name: str
+    model_rewinds: bool
+    forced_recovery: bool
+    max_macro: int | None  # macro-attempts allowed (None: as many as the budgets allow)
+
+
+_PROTOCOL = re.compile(r"^(P|T)@(\d+|k)$", re.IGNORECASE)
+
+
+def parse_protocol(name: str) -> Protocol:
+    """``P@1`` | ``T@1`` | ``T@<k>`` (k ≥ 1) | ``T@k`` (unbounded macro-attempts). Raises ``ValueError``."""
+    m = _PROTOCOL.match(name.strip()) if isinstance(name, str) else None
+    if not m:
+        raise ValueError(f"unknown protocol {name!r}; expected P@1, T@1, T@3, T@<k> or T@k")
+    kind, k = m.group(1).upper(), m.group(2).lower()
+    if kind == "P":
+        if k != "1":
+            raise ValueError(f"protocol {name!r}: only P@1 exists (no recovery at all)")
+        return Protocol("P@1", model_rewinds=False, forced_recovery=False, max_macro=1)
+    if k == "k":
+        return Protocol("T@k", model_rewinds=True, forced_recovery=True, max_macro=None)
+    n = int(k)
+    if n < 1:
+        raise ValueError(f"protocol {name!r}: k must be at least 1")
+    return Protocol(f"T@{n}", model_rewinds=True, forced_recovery=n > 1, max_macro=n)
+
+
+# --------------------------------------------------------------------------------------------------
+# Trial-side data
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialSpec:
+    """Identity of one trial: ``replicate`` is its index b among the B trials of the same task and seed."""
+
+    trial: int
+    task: int
+    seed: int
+    replicate: int
+    protocol: str
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    index: int
+    state_key: str
+    progress: float
+    score: float
+    branch_used: int
+    mark: int
+    solved: bool = False
+    failed: bool = False
+    observation: str = ""
+    action: str = ""  # the action that created it ("" for C_0)
+
+
+@dataclasses.dataclass
+class Remark:
+    checkpoint: int
+    text: str
+    status: str = "in context"  # in context | superseded | left with its branch
+
+
+@dataclasses.dataclass(frozen=True)
+class TrialView:
+    """What scripted policies read instead of the prompt text (the same facts the prompt states)."""
+
+    spec: TrialSpec
+    slot: int
+    kind: str  # EXECUTE | REFLECT_KNOWN | REFLECT_CHOOSE
+    checkpoint: int  # k
+    targets: tuple[int, ...]  # rewinds the loop would grant now (execution) / may choose (reflection)
+    target: int  # reflection: the requested target (known) or the fallback (choose); -1 otherwise
+    trigger: str  # reflection: model | failure | branch_budget | truncated
+    progress: tuple[float, ...]  # progress figure at C_0 … C_k
+    keys: tuple[str, ...]  # state keys of C_0 … C_k
+    path: tuple[str, ...]  # actions that created C_1 … C_k
+    state_key: str
+    remarks: tuple[tuple[int, str], ...]  # remarks in context: (checkpoint, text)
+    calls_left: int
+    branch_left: int
+    last_invalid: str  # reason the previous execution turn was invalid ("" if it was not)
+
+
+@dataclasses.dataclass
+class Request:
+    """One pending model call. ``prompt_ids`` is the whole context (empty when tokens are not kept)."""
+
+    trial: int
+    slot: int
+    role: str  # EXECUTION | REFLECTION
+    kind: str
+    prompt_ids: np.ndarray
+    prompt_text: str  # the new user turn ("" when prompts are not rendered)
+    max_new_tokens: int
+    view: TrialView
+
+
+@dataclasses.dataclass
+class Generation:
+    """A policy's reply; ids and log-probs may be None (the trial then tokenizes the text itself)."""
+
+    text: str
+    output_ids: np.ndarray | None = None
+    logprobs: np.ndarray | None = None
+    finish_reason: str = "stop"  # stop | length
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvOp:
+    kind: str  # "step" | "rewind"
+    action: Action | None = None
+    target: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Budgets and switches of a trial (from ``TrialConfig`` and ``SamplerConfig``)."""
+
+    max_calls: int = 60
+    branch_budget: int = 20
+    max_model_rewinds: int = 3
+    min_calls_for_recovery: int = 2
+    fallback: str = "latest"  # latest | end
+    remark_max_chars: int = 4800
+    history_events: int = 4
+    max_new_tokens: int = 256
+    max_reflection_tokens: int = 384
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> Limits:
+        t, s = cfg.trial, cfg.sampler
+        if t.fallback not in ("latest", "end"):
+            raise ValueError(f"trial.fallback must be 'latest' or 'end', got {t.fallback!r}")
+        if t.max_calls < 1 or t.branch_budget < 1:
+            raise ValueError("trial.max_calls and trial.branch_budget must be at least 1")
+        return cls(max_calls=t.max_calls, branch_budget=t.branch_budget,
+                   max_model_rewinds=t.max_model_rewinds,
+                   min_calls_for_recovery=t.min_calls_for_recovery, fallback=t.fallback,
+                   remark_max_chars=t.remark_max_chars, history_events=t.history_events,
+                   max_new_tokens=s.max_new_tokens, max_reflection_tokens=s.max_reflection_tokens)
+
+
+# --------------------------------------------------------------------------------------------------
+# The state machine
+# --------------------------------------------------------------------------------------------------
+
+
+class Trial:
+    """Algorithm 1 for one trial; see the module docstring. Phases: execute, reflect, env, done."""
+
+    def __init__(self, spec: TrialSpec, slot: int, env: TrialEnv, limits: Limits, prompts: PromptSet | None,
+                 tokenizer: ChatTokenizer | None, action_style: str = "tag"):
+        self.spec, self.slot, self.env, self.limits = spec, slot, env, limits
+        self.protocol = parse_protocol(spec.protocol)
+        self.prompts, self.tok, self.action_style = prompts, tokenizer, action_style
+        self.render = prompts is not None
+        self.fields = env.prompt_fields(spec.task) if self.render else {}
+        self.transcript = Transcript() if tokenizer is not None else None
+
+        self.phase = "new"
+        self.path: list[Checkpoint] = []
+        self.path_calls: list[tuple[int, int]] = []  # (checkpoint at the decision, call_index), retained
+        self.events: list[tuple[int, str]] = []  # (checkpoint at the decision, text), retained
+        self.remarks: list[Remark] = []  # every remark written, in order
+        self.calls_used = 0
+        self.branch_used = 0
+        self.note = ""
+        self.pending: Request | None = None
+        self.pending_call: CallRecord | None = None
+        self.recovery: dict[str, Any] | None = None  # the recovery in progress
+        self.open_recovery: RecoveryRecord | None = None  # waiting for its resumed segment to end
+        self.states_seen: set[str] = set()
+        self.moves = 0
+
+        self.calls: list[CallRecord] = []
+        self.segments: list[SegmentRecord] = []
+        self.recoveries: list[RecoveryRecord] = []
+        self.record = TrialRecord(trial=spec.trial, task=spec.task, seed=spec.seed,
+                                  protocol=self.protocol.name)
+        self.segment = SegmentRecord(trial=spec.trial, task=spec.task, index=0, start_checkpoint=0, calls=[])
+
+    # -- derived -------------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def k(self) -> int:
+        return len(self.path) - 1
+
+    @property
+    def calls_left(self) -> int:
+        return self.limits.max_calls - self.calls_used
+
+    def context_remarks(self) -> list[Remark]:
+        return sorted((r for r in self.remarks if r.status == "in context"), key=lambda r: r.checkpoint)
+
+    def history_key(self) -> str:
+        path = [c.action for c in self.path[1:]]
+        mem = [f"C_{r.checkpoint}:{r.text}" for r in self.context_remarks()]
+        return text_key(*path, "|memory|", *mem)
+
+    def rewind_targets(self) -> tuple[int, ...]:
+        """Rewinds the loop would grant for the next execution call."""
+        lim = self.limits
+        ok = (self.protocol.model_rewinds and self.record.rewinds_model < lim.max_model_rewinds
+              and self.calls_left - 1 >= lim.min_calls_for_recovery)
+        return tuple(range(self.k)) if ok else ()
+
+    # -- start ---------------------------------------------------------------------------------------
+    def start(self, info: StepInfo, observation: str = "") -> None:
+        """Take ``C_0`` from the world's reset and open the conversation."""
+        if self.phase != "new":
+            raise RuntimeError("trial already started")
+        self.record.d0 = info.progress if math.isfinite(info.progress) else None
+        score = info.score if info.score is not None else 0.0
+        if self.transcript is not None:
+            self.transcript.append(self.tok.encode_turn("system", self._system_text()))
+        self.path.append(Checkpoint(0, info.state_key, info.progress, score, 0,
+                                    len(self.transcript) if self.transcript is not None else 0,
+                                    info.solved, info.failed, observation))
+        self.states_seen.add(info.state_key)
+        self.phase = EXECUTE
+        if info.solved:
+            self._end("success")
+
+    # -- requests ------------------------------------------------------------------------------------
+    def request(self) -> Request:
+        """The pending call (built once per call; the user turn enters the conversation here)."""
+        if self.pending is not None:
+            return self.pending
+        if self.phase not in (EXECUTE, REFLECT_KNOWN, REFLECT_CHOOSE):
+            raise RuntimeError(f"trial {self.spec.trial} has no pending call (phase {self.phase})")
+        kind = self.phase
+        if kind == EXECUTE:
+            text = self._user_text() if self.render else ""
+            role, max_new = EXECUTION, self.limits.max_new_tokens
+            targets, target, trigger = self.rewind_targets(), -1, ""
+        else:
+            rec = self.recovery
+            text = self._reflection_text(kind) if self.render else ""
+            role, max_new = REFLECTION, self.limits.max_reflection_tokens
+            targets = tuple(range(self.k)) if kind == REFLECT_CHOOSE else (rec["target"],)
+            target, trigger = rec["target"], rec["trigger"]
+        if self.transcript is not None:
+            self.transcript.append(self.tok.encode_turn("user", text))
+            self.transcript.append(self.tok.generation_prompt())
+        view = TrialView(
+            spec=self.spec, slot=self.slot, kind=kind, checkpoint=self.k, targets=targets, target=target,
+            trigger=trigger, progress=tuple(c.progress for c in self.path),
+            keys=tuple(c.state_key for c in self.path),
+            path=tuple(c.action for c in self.path[1:]), state_key=self.path[-1].state_key,
+            remarks=tuple((r.checkpoint, r.text) for r in self.context_remarks()), calls_left=self.calls_left,
+            branch_left=self.limits.branch_budget - self.branch_used, last_invalid=self.note,
+        )
+        prompt_ids = self.transcript.ids() if self.transcript is not None else _EMPTY_IDS
+        self.pending = Request(trial=self.spec.trial, slot=self.slot, role=role, kind=kind,
+                               prompt_ids=prompt_ids, prompt_text=text, max_new_tokens=max_new, view=view)
+        return self.pending
+
+    # -- outputs -------------------------------------------------------------------------------------
+    def on_output(self, gen: Generation) -> EnvOp | None:
+        """Consume the reply to the pending call; returns the world operation it needs, if any."""
+        req = self.pending
+        if req is None:
+            raise RuntimeError(f"trial {self.spec.trial}: output without a pending call")
+        self.pending = None
+        out_ids, logprobs = self._output_tokens(gen)
+        call = CallRecord(
+            trial=self.spec.trial, task=self.spec.task, call_index=self.calls_used, role=req.role,
+            segment=self.segment.index, position=len(self.segment.calls) if req.role == EXECUTION else -1,
+            checkpoint=self.k, state_key=self.path[-1].state_key, history_key=self.history_key(),
+            prompt_ids=req.prompt_ids, output_ids=out_ids, logprobs=logprobs, output_text=gen.text,
+            finish_reason=gen.finish_reason,
+        )
+        self.calls.append(call)
+        self.calls_used += 1
+        if self.transcript is not None:
+            self.transcript.append(out_ids)
+            self.transcript.append(self.tok.close_turn(out_ids))
+        if req.role == EXECUTION:
+            return self._on_execution(call, gen)
+        return self._on_reflection(call, gen, req.kind)
+
+    def _on_execution(self, call: CallRecord, gen: Generation) -> EnvOp | None:
+        self.record.calls_execution += 1
+        self.branch_used += 1
+        self.segment.calls.append(call.call_index)
+        self.path_calls.append((self.k, call.call_index))
+        self.note = ""
+        if gen.finish_reason == "length":
+            call.valid, call.invalid_reason = False, "the reply was cut off at its token limit"
+            self._event(f"at C_{self.k}: reply cut off at the token limit")
+            self._trigger("truncated")
+            return None
+        action = parse.parse_output(gen.text, self.env.parse_action, self.action_style)
+        call.action = action.text
+        if action.is_invalid:
+            self._invalid(call, action.reason, action.text)
+            return None
+        if action.is_rewind:
+            reason = self._rewind_refusal(action.target)
+            if reason:
+                self._invalid(call, reason, action.text)
+                return None
+            call.is_rewind, call.rewind_target = True, action.target
+            self._event(f"at C_{self.k}: asked to rewind to C_{action.target}")
+            self._close_segment("rewind")
+            self.recovery = {"trigger": "model", "target": action.target, "from": self.k}
+            self.phase = REFLECT_KNOWN
+            return None
+        self.phase = "env"
+        self.pending_call = call
+        return EnvOp("step", action=action)
+
+    def _rewind_refusal(self, j: int) -> str:
+        lim = self.limits
+        if not self.protocol.model_rewinds:
+            return "rewinds are not allowed in this game"
+        if self.record.rewinds_model >= lim.max_model_rewinds:
+            return f"you already used all {lim.max_model_rewinds} rewinds"
+        if self.calls_left < lim.min_calls_for_recovery:
+            return "too few replies are left for a rewind"
+        if not 0 <= j < self.k:
+            return (f"C_{j} is not a valid target; choose one of C_0 … C_{self.k - 1}" if self.k
+                    else "there is no earlier checkpoint to rewind to yet")
+        return ""
+
+    def _invalid(self, call: CallRecord, reason: str, text: str) -> None:
+        call.valid, call.invalid_reason = False, reason
+        self.record.invalid_turns += 1
+        self.note = reason
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        self._event(f"at C_{self.k}: invalid reply '{shown}': {reason}" if shown else
+                    f"at C_{self.k}: invalid reply: {reason}")
+        self._after_turn()
+
+    def on_step(self, info: StepInfo, observation: str = "") -> None:
+        """The world executed the pending move (or rejected it: ``info.valid`` False)."""
+        call, self.pending_call = self.pending_call, None
+        if self.phase != "env" or call is None:
+            raise RuntimeError(f"trial {self.spec.trial}: step result without a pending move")
+        self.phase = EXECUTE
+        if not info.valid:
+            self._invalid(call, info.message or "the world rejected the action", call.action)
+            return
+        prev = self.path[-1]
+        score = info.score if info.score is not None else prev.score + info.reward
+        self.path.append(Checkpoint(
+            self.k + 1, info.state_key, info.progress, score, self.branch_used,
+            len(self.transcript) if self.transcript is not None else 0, info.solved, info.failed,
+            observation, call.action,
+        ))
+        self.states_seen.add(info.state_key)
+        self.moves += info.moves
+        call.reward, call.solved, call.failed = float(info.reward), bool(info.solved), bool(info.failed)
+        outcome = f" → {info.message}" if info.message else ""
+        self._event(f"C_{self.k - 1} → C_{self.k}: {call.action}{outcome} (reward {info.reward:+.2f})")
+        self._after_turn()
+
+    def _after_turn(self) -> None:
+        """Checks after an execution turn that did not start a recovery."""
+        last = self.path[-1]
+        if last.solved:
+            self._close_segment("success")
+            self._end("success")
+        elif last.failed:
+            self._trigger("failure")
+        elif self.calls_left <= 0:
+            self._close_segment("calls")
+            self._end("calls")
+        elif self.branch_used >= self.limits.branch_budget:
+            self._trigger("branch_budget")
+
+    def _trigger(self, trigger: str) -> None:
+        """A forced recovery is due: start it, or end the trial when it is not allowed."""
+        self._close_segment(trigger)
+        proto, lim = self.protocol, self.limits
+        if not proto.forced_recovery:
+            self._end(trigger)
+        elif proto.max_macro is not None and self.record.macro_attempts >= proto.max_macro:
+            self._end(trigger)
+        elif self.calls_left < lim.min_calls_for_recovery:
+            self._end("calls" if self.calls_left <= 0 else "no_recovery")
+        elif self.k < 1:
+            self._end("no_recovery")
+        else:
+            self.recovery = {"trigger": trigger, "target": self.k - 1, "from": self.k}
+            self.phase = REFLECT_CHOOSE
+
+    def _on_reflection(self, call: CallRecord, gen: Generation, kind: str) -> EnvOp | None:
+        self.record.calls_reflection += 1
+        rec = self.recovery
+        rec["call"] = call.call_index
+        rec["remark"] = parse.memory_from_reflection(gen.text, self.limits.remark_max_chars)
+        rec["fallback"] = False
+        if kind == REFLECT_CHOOSE:
+            action = parse.parse_output(gen.text, _rewind_only, self.action_style)
+            if action.is_rewind and 0 <= action.target < self.k:
+                rec["target"] = action.target
+            elif self.limits.fallback == "end":
+                call.valid = False
+                call.invalid_reason = action.reason or f"C_{action.target} is not a valid target"
+                self.recovery = None
+                self._end("no_recovery")
+                return None
+            else:
+                call.valid = False
+                call.invalid_reason = action.reason or f"C_{action.target} is not a valid target"
+                rec["fallback"] = True
+        call.is_rewind, call.rewind_target = True, rec["target"]
+        call.action = f"rewind to C_{rec['target']}"
+        self.phase = "env"
+        return EnvOp("rewind", target=rec["target"])
+
+    def on_rewound(self) -> None:
+        """The world is back at ``C_j``: restore the conversation, budgets and score; place the remark."""
+        rec, self.recovery = self.recovery, None
+        if self.phase != "env" or rec is None:
+            raise RuntimeError(f"trial {self.spec.trial}: rewind result without a recovery")
+        j, k = rec["target"], self.k
+        branch = self.path[j:]
+        abandoned = [c for (kd, c) in self.path_calls if kd >= j]
+        v_abandoned = float(self.env.branch_value([c.progress for c in branch], branch[-1].solved,
+                                                  branch[-1].failed))
+        recovery = RecoveryRecord(
+            trial=self.spec.trial, task=self.spec.task, index=self.segment.index, trigger=rec["trigger"],
+            from_checkpoint=k, target=j, reflection_call=rec["call"], remark=rec["remark"],
+            abandoned_calls=abandoned, resumed_segment=self.segment.index + 1, v_abandoned=v_abandoned,
+            target_from_fallback=rec["fallback"],
+        )
+        self.recoveries.append(recovery)
+        self.open_recovery = recovery
+        # restore
+        del self.path[j + 1 :]
+        self.path_calls = [(kd, c) for (kd, c) in self.path_calls if kd < j]
+        self.events = [(kd, e) for (kd, e) in self.events if kd < j]
+        ck = self.path[j]
+        self.branch_used = ck.branch_used
+        for r in self.remarks:
+            if r.status == "in context" and r.checkpoint >= j:
+                r.status = "superseded" if r.checkpoint == j else "left with its branch"
+        if self.transcript is not None:
+            self.transcript.truncate(ck.mark)
+        if rec["remark"]:
+            self.remarks.append(Remark(j, rec["remark"]))
+            if self.transcript is not None:
+                memory = self.prompts.memory.format(checkpoint=j, remark=rec["remark"])
+                self.transcript.append(self.tok.encode_turn("user", memory))
+        if rec["trigger"] == "model":
+            self.record.rewinds_model += 1
+        else:
+            self.record.rewinds_forced += 1
+            self.record.macro_attempts += 1
+        self.note = ""
+        self.segment = SegmentRecord(trial=self.spec.trial, task=self.spec.task, index=self.segment.index + 1,
+                                     start_checkpoint=j, calls=[])
+        self.phase = EXECUTE
+
+    # -- segments and the end ------------------------------------------------------------------------
+    def _close_segment(self, reason: str) -> None:
+        seg = self.segment
+        if seg.end_reason:
+            return
+        last = self.path[-1]
+        seg.end_reason, seg.end_checkpoint, seg.score = reason, self.k, float(last.score)
+        self.segments.append(seg)
+        open_rec = self.open_recovery
+        if open_rec is not None and open_rec.resumed_segment == seg.index:
+            branch = self.path[open_rec.target :]
+            open_rec.v_resumed = float(self.env.branch_value([c.progress for c in branch], last.solved,
+                                                             last.failed))
+            self.open_recovery = None
+
+    def _end(self, reason: str) -> None:
+        self._close_segment(reason)
+        self.phase = "done"
+        self.pending = None
+        r = self.record
+        r.end_reason = reason
+        r.success = reason == "success"
+        r.final_score = float(self.path[-1].score)
+        r.distinct_states = len(self.states_seen)
+        r.actions_to_success = self.moves if r.success else None
+
+    def _event(self, text: str) -> None:
+        self.events.append((self.k, text))
+
+    # -- tokens and text -----------------------------------------------------------------------------
+    def _output_tokens(self, gen: Generation) -> tuple[np.ndarray, np.ndarray]:
+        if gen.output_ids is not None:
+            ids = np.asarray(gen.output_ids, np.int32)
+            lp = (np.asarray(gen.logprobs, np.float32) if gen.logprobs is not None
+                  else np.zeros(ids.size, np.float32))
+            if lp.shape != ids.shape:
+                raise ValueError(f"logprobs shape {lp.shape} does not match output ids {ids.shape}")
+            return ids, lp
+        if self.tok is None:
+            return _EMPTY_IDS, _EMPTY_LP
+        ids = np.asarray(self.tok.encode(gen.text), np.int32)
+        return ids, np.zeros(ids.size, np.float32)
+
+    def _targets_text(self, targets: tuple[int, ...] | range) -> str:
+        targets = list(targets)
+        if not targets:
+            return "none"
+        if len(targets) > 5:
+            return f"C_{targets[0]} to C_{targets[-1]}"
+        return ", ".join(f"C_{t}" for t in targets)
+
+    def _system_text(self) -> str:
+        p = self.prompts
+        rules = p.rewind_allowed if self.protocol.model_rewinds else p.rewind_forbidden
+        return p.system.format(max_calls=self.limits.max_calls, branch_budget=self.limits.branch_budget,
+                               rewind_rules=rules, **self.fields)
+
+    def _user_text(self) -> str:
+        n = self.limits.history_events
+        events = [e for _, e in self.events[-n:]] if n > 0 else []
+        note = f"Note: your previous reply was not executed: {self.note}.\n" if self.note else ""
+        return self.prompts.user.format(
+            observation=self.path[-1].observation, calls_used=self.calls_used, calls_left=self.calls_left,
+            branch_used=self.branch_used, branch_left=self.limits.branch_budget - self.branch_used,
+            checkpoint=self.k, targets=self._targets_text(self.rewind_targets()),
+            events="\n".join(events) if events else "(none yet)", note=note,
+        )
+
+    def _reflection_text(self, kind: str) -> str:
+        p, rec = self.prompts, self.recovery
+        j = rec["target"]
+        trigger = p.triggers[rec["trigger"]].format(target=j)
+        history = [e for kd, e in self.events if kd >= j]
+        earlier = [f"- at C_{r.checkpoint} ({r.status}): {r.text}" for r in self.remarks]
+        template = p.reflect_choose if kind == REFLECT_CHOOSE else p.reflect_known
+        fields = dict(
+            rules=p.rules.format(**self.fields), trigger=trigger, target=j, checkpoint=self.k,
+            state_target=self.path[j].observation, state_current=self.path[-1].observation,
+            history="\n".join(history) if history else "(no turns)",
+            earlier="\n".join(earlier) if earlier else "(none)",
+        )
+        if kind == REFLECT_CHOOSE:
+            fields["targets"] = self._targets_text(range(self.k))
+        return template.format(**fields)
+
+
+def _rewind_only(content: str) -> Action:
+    """Reflection action parser: only ``rewind to C_j`` is meaningful."""
+    rewind = parse.parse_rewind(content)
+    if rewind is not None:
+        return rewind
+    return parse.invalid("expected 'rewind to C_j'", content)

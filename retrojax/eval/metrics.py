@@ -1,0 +1,98 @@
+"""Evaluation metrics over trial records: success with Wilson 95% intervals, per-seed spread, costs.
+
+``summarize(trials)`` groups ``TrialRecord``s by protocol and reports, per protocol: the pooled success
+rate and its Wilson score interval, the per-seed success rates with their mean and standard deviation,
+mean calls (execution, reflection, total), rewinds (model, forced), macro-attempts, invalid turns,
+distinct states visited and actions (primitive moves) to success. With several protocols it adds
+``delta_pro = T@1 − P@1`` and ``delta_ref = T@3 − T@1`` when those protocols are present.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from retrojax.agent.archive import TrialRecord
+
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (``(0, 1)`` when ``n == 0``)."""
+    if n < 0 or not 0 <= successes <= max(n, 0):
+        raise ValueError(f"need 0 ≤ successes ≤ n, got {successes} of {n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _std(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def protocol_summary(trials: Sequence[TrialRecord]) -> dict[str, Any]:
+    """Metrics of one protocol's trials (see the module docstring)."""
+    n = len(trials)
+    wins = sum(t.success for t in trials)
+    by_seed: dict[int, list[bool]] = defaultdict(list)
+    for t in trials:
+        by_seed[t.seed].append(t.success)
+    seed_rates = {str(s): sum(v) / len(v) for s, v in sorted(by_seed.items())}
+    rates = list(seed_rates.values())
+    lo, hi = wilson(wins, n)
+    solved = [t.actions_to_success for t in trials if t.success and t.actions_to_success is not None]
+    return {
+        "n": n,
+        "success": wins / n if n else 0.0,
+        "ci95": [lo, hi],
+        "seed_success": seed_rates,
+        "seed_mean": _mean(rates) or 0.0,
+        "seed_std": _std(rates),
+        "calls": _mean([t.calls_execution + t.calls_reflection for t in trials]),
+        "calls_execution": _mean([t.calls_execution for t in trials]),
+        "calls_reflection": _mean([t.calls_reflection for t in trials]),
+        "rewinds": _mean([t.rewinds_model + t.rewinds_forced for t in trials]),
+        "rewinds_model": _mean([t.rewinds_model for t in trials]),
+        "rewinds_forced": _mean([t.rewinds_forced for t in trials]),
+        "macro_attempts": _mean([t.macro_attempts for t in trials]),
+        "invalid_turns": _mean([t.invalid_turns for t in trials]),
+        "distinct_states": _mean([t.distinct_states for t in trials]),
+        "actions_to_success": _mean(solved),
+    }
+
+
+def summarize(trials: Iterable[TrialRecord]) -> dict[str, Any]:
+    """``{"results": {protocol: metrics}, "delta_pro": …, "delta_ref": …}`` (deltas only when defined)."""
+    groups: dict[str, list[TrialRecord]] = defaultdict(list)
+    for t in trials:
+        groups[t.protocol].append(t)
+    results = {p: protocol_summary(ts) for p, ts in sorted(groups.items())}
+    out: dict[str, Any] = {"results": results}
+    if "P@1" in results and "T@1" in results:
+        out["delta_pro"] = results["T@1"]["success"] - results["P@1"]["success"]
+    if "T@1" in results and "T@3" in results:
+        out["delta_ref"] = results["T@3"]["success"] - results["T@1"]["success"]
+    return out
+
+
+def paired_difference(a: Sequence[bool], b: Sequence[bool], z: float = Z95) -> tuple[float, float, float]:
+    """Mean of ``a − b`` over paired trials and its normal-approximation 95% interval."""
+    if len(a) != len(b) or not a:
+        raise ValueError("paired_difference needs two non-empty sequences of the same length")
+    d = [float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    m = sum(d) / len(d)
+    se = _std(d) / math.sqrt(len(d))
+    return m, m - z * se, m + z * se
