@@ -8,6 +8,7 @@ Norms, softmax and logits are computed in float32 whatever the parameter dtype.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -230,16 +231,34 @@ def _param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _random_init(key: jax.Array, config: Qwen3Config, dtype: Any) -> dict[str, jax.Array]:
+    """All parameters at once: N(0, 0.02) matrices, unit norms.
+
+    Every matrix size is a multiple of hidden_size, so one [rows, hidden] normal draw is sliced into all of
+    them (a single RNG kernel compiles in well under a second; one per tensor takes several).
+    """
+    c = config
+    shapes = {**_layer_shapes(c), "embed": (c.vocab_size, c.hidden_size), "final_norm": (c.hidden_size,)}
+    if not c.tie_word_embeddings:
+        shapes["lm_head"] = (c.vocab_size, c.hidden_size)
+    matrices = sorted(n for n in shapes if not n.endswith("norm"))
+    rows = [math.prod(shapes[n]) // c.hidden_size for n in matrices]
+    flat = 0.02 * jax.random.normal(key, (sum(rows), c.hidden_size), jnp.float32)
+    out = {n: jnp.ones(shape, dtype) for n, shape in shapes.items() if n.endswith("norm")}
+    start = 0
+    for n, r in zip(matrices, rows, strict=True):
+        out[n] = flat[start:start + r].reshape(shapes[n]).astype(dtype)
+        start += r
+    return out
+
+
 class Qwen3Layers(nnx.Module):
     """All decoder blocks' weights, each stacked on a leading ``layers`` axis."""
 
-    def __init__(self, config: Qwen3Config, *, dtype: Any, rngs: nnx.Rngs):
-        for name, shape in _layer_shapes(config).items():
-            if name.endswith("norm"):
-                value = jnp.ones(shape, dtype)
-            else:
-                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-            setattr(self, name, _param(value, _LAYER_AXES[name]))
+    def __init__(self, values: Mapping[str, jax.Array]):
+        for name in _LAYER_AXES:
+            setattr(self, name, _param(values[name], _LAYER_AXES[name]))
 
     def arrays(self) -> dict[str, jax.Array]:
         return {name: getattr(self, name)[...] for name in _LAYER_AXES}
@@ -310,16 +329,11 @@ class Qwen3(nnx.Module):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.remat = remat
-        c = config
-        embed = 0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), jnp.float32)
-        self.embed = _param(embed.astype(dtype), ("vocab", "embed"))
-        self.layers = Qwen3Layers(c, dtype=dtype, rngs=rngs)
-        self.final_norm = _param(jnp.ones((c.hidden_size,), dtype), ("norm",))
-        if c.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            head = 0.02 * jax.random.normal(rngs.params(), (c.vocab_size, c.hidden_size), jnp.float32)
-            self.lm_head = _param(head.astype(dtype), ("vocab", "embed"))
+        values = _random_init(rngs.params(), config, self.dtype)
+        self.embed = _param(values["embed"], ("vocab", "embed"))
+        self.layers = Qwen3Layers(values)
+        self.final_norm = _param(values["final_norm"], ("norm",))
+        self.lm_head = None if config.tie_word_embeddings else _param(values["lm_head"], ("vocab", "embed"))
 
     # ----------------------------------------------------------------------------------------------
     def head_weight(self) -> jax.Array:
