@@ -18,6 +18,7 @@ certified. Without ``no_guess`` a board that needs a guess records ``-1``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from pathlib import Path
 
@@ -98,15 +99,16 @@ def _zone(h: int, w: int) -> np.ndarray:
     return (np.abs(rr[:, None] - rr[None, :]) <= 1) & (np.abs(cc[:, None] - cc[None, :]) <= 1)
 
 
-def _candidates(key: jax.Array, batch: int, h: int, w: int, num_mines: int) -> tuple[np.ndarray, np.ndarray]:
-    """``batch`` candidate (mines bool[H, W], first click flat index) drawn on device."""
+@functools.partial(jax.jit, static_argnums=(1, 2, 3, 4))
+def _candidates(key: jax.Array, batch: int, h: int, w: int, num_mines: int) -> tuple[jax.Array, jax.Array]:
+    """``batch`` candidate (mines bool[batch, H, W], first click flat index) drawn on device."""
     k_click, k_noise = jax.random.split(key)
     clicks = jax.random.randint(k_click, (batch,), 0, h * w)
     noise = jax.random.uniform(k_noise, (batch, h * w))
     noise = jnp.where(jnp.asarray(_zone(h, w))[clicks], -1.0, noise)
     _, idx = jax.lax.top_k(noise, num_mines)
     mines = jnp.zeros((batch, h * w), bool).at[jnp.arange(batch)[:, None], idx].set(True)
-    return np.asarray(mines).reshape(batch, h, w), np.asarray(clicks)
+    return mines.reshape(batch, h, w), clicks
 
 
 def generate(
@@ -137,7 +139,8 @@ def generate(
     base = jax.random.key(int(seed))
     attempts = 0
     while len(out_mines) < n:
-        mines_b, clicks_b = _candidates(jax.random.fold_in(base, attempts), _BATCH, h, w, num_mines)
+        key = jax.random.fold_in(base, attempts)
+        mines_b, clicks_b = (np.asarray(x) for x in _candidates(key, _BATCH, h, w, num_mines))
         attempts += 1
         if attempts > 10_000:
             raise RuntimeError(f"could not find {n} boards ({h}x{w}, {num_mines} mines) after many batches")

@@ -34,16 +34,17 @@ def render(state: State) -> str:
     return "\n".join(lines)
 
 
-def _mine_mask(mines, shape: tuple[int, int] | None) -> np.ndarray:
+def _mine_mask(mines, shape: tuple[int, int]) -> np.ndarray:
+    """A bool mask of ``shape`` from a bool mask (dtype bool) or a sequence of 0-indexed (row, col) pairs."""
     arr = np.asarray(mines)
-    if arr.ndim == 2 and (shape is None or arr.shape == shape) and arr.dtype != object:
-        if not np.isin(arr, (0, 1)).all():
-            raise ValueError("a mine mask must hold only 0/1 (or booleans)")
-        return arr.astype(bool)
-    if shape is None:
-        raise ValueError("give the mine layout as a bool[H, W] mask")
+    if arr.dtype == bool:
+        if arr.shape != shape:
+            raise ValueError(f"mine mask has shape {arr.shape}, the text shows a board of shape {shape}")
+        return arr
     mask = np.zeros(shape, bool)
     for pair in mines:
+        if len(pair) != 2:
+            raise ValueError(f"mines must be a bool mask or (row, col) pairs, got {pair!r}")
         r, c = (int(x) for x in pair)
         if not (0 <= r < shape[0] and 0 <= c < shape[1]):
             raise ValueError(f"mine ({r}, {c}) lies outside the {shape[0]}x{shape[1]} board (0-indexed)")
@@ -54,9 +55,9 @@ def _mine_mask(mines, shape: tuple[int, int] | None) -> np.ndarray:
 def parse(text: str, mines) -> State:
     """Rebuild a ``State`` from rendered rows and the mine layout.
 
-    ``mines`` is a bool[H, W] mask or a sequence of 0-indexed (row, col) pairs. Raises ``ValueError``
-    when the text is malformed or disagrees with the layout (a wrong number, ``*`` on a safe cell, an
-    open cell shown as a mine's number).
+    ``mines`` is a bool[H, W] mask (dtype bool) or a sequence of 0-indexed (row, col) pairs. Raises
+    ``ValueError`` when the text is malformed or disagrees with the layout (a wrong number, ``*`` on a
+    safe cell, an open mine shown as a number).
     """
     rows: list[list[str]] = []
     for i, line in enumerate(ln for ln in text.strip().splitlines() if ln.strip()):
@@ -70,8 +71,6 @@ def parse(text: str, mines) -> State:
         raise ValueError("rows must be non-empty and all the same length")
     shape = (len(rows), len(rows[0]))
     mask = _mine_mask(mines, shape)
-    if mask.shape != shape:
-        raise ValueError(f"mine mask has shape {mask.shape}, the text shows {shape}")
     board = counts_np(mask)
     revealed = np.zeros(shape, bool)
     for r, row in enumerate(rows):
