@@ -50,7 +50,7 @@ class FunctionalEnv(TrialEnv):
         self.capacity = 0
         self._scores: list[list[float]] = []
         self._tasks = np.zeros(0, np.int64)
-        self._current: dict[str, np.ndarray] = {}
+        self._host: Any = None
 
     # -- subclass hooks ------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -82,11 +82,15 @@ class FunctionalEnv(TrialEnv):
 
     def close(self) -> None:
         self.trail = None
-        self._current = {}
+        self._host = None
 
     def _refresh(self) -> None:
         cur = _last_slots(self.trail)
-        self._current = {k: np.asarray(v) for k, v in _leaves(cur).items()}
+        self._host = jax.tree_util.tree_map(np.asarray, cur)
+        self._derive(cur)
+
+    def _derive(self, current: Any) -> None:
+        """Hook: compute batched host views of the current states (called after every operation)."""
 
     def _mask(self, slots: Sequence[int]) -> np.ndarray:
         if self.trail is None:
@@ -158,9 +162,12 @@ class FunctionalEnv(TrialEnv):
     def trail_length(self, slot: int) -> int:
         return int(np.asarray(self.trail.length)[slot])
 
-    def current_state(self, slot: int) -> dict[str, np.ndarray]:
-        """Host copy of the slot's current state leaves (name → array)."""
-        return {k: v[slot] for k, v in self._current.items()}
+    def current_state(self, slot: int) -> Any:
+        """Host (numpy) copy of the slot's current state."""
+        return jax.tree_util.tree_map(lambda x: x[slot], self._host)
+
+    def state_key(self, slot: int) -> str:
+        return state_key_of_arrays(*jax.tree_util.tree_leaves(self.current_state(slot)))
 
 
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=1)
@@ -185,11 +192,6 @@ def _rewind_slots(tr: trail_lib.Trail, targets: jax.Array, mask: jax.Array) -> t
 
 
 _last_slots = jax.jit(jax.vmap(trail_lib.trail_last))
-
-
-def _leaves(state: Any) -> dict[str, jax.Array]:
-    return {f.name: getattr(state, f.name) for f in state.__dataclass_fields__.values()
-            if isinstance(getattr(state, f.name), jax.Array)}
 
 
 def _split_of(cfg: Any, split: str | None, family: str) -> str:
@@ -243,10 +245,9 @@ class SokobanEnv(FunctionalEnv):
         return codes
 
     def _info(self, slot: int, out: dict[str, np.ndarray] | None, action: Action | None) -> StepInfo:
-        cur = self.current_state(slot)
-        dist = int(cur["distance"])
+        dist = int(self._host.distance[slot])
         progress = float("inf") if dist < 0 else float(dist)
-        key = state_key_of_arrays(cur["board"], cur["player"])
+        key = state_key_of_arrays(self._host.board[slot], self._host.player[slot])
         if out is None:
             return StepInfo(progress=progress, state_key=key, solved=dist == 0, failed=dist < 0,
                             message="start")
@@ -261,7 +262,7 @@ class SokobanEnv(FunctionalEnv):
                         progress=progress, state_key=key, message=msg, moves=applied)
 
     def observations(self, slots: Sequence[int]) -> list[str]:
-        return [self.lib.render(self._current["board"][s]) for s in slots]
+        return [self.lib.render(self._host.board[s]) for s in slots]
 
     def parse_action(self, text: str) -> Action:
         return parse.parse_sokoban(text)
@@ -346,15 +347,17 @@ class MineSweeperEnv(FunctionalEnv):
     def _aux(self) -> Any:
         return ()
 
+    def _derive(self, current: Any) -> None:
+        self._revealed = np.asarray(current.revealed, bool)
+        self._lost = np.asarray(self.lib.is_lost(current))
+        self._won = np.asarray(self.lib.is_won(current))
+
     def _step_fn(self):
         return _minesweeper_step
 
     def _info(self, slot: int, out: dict[str, np.ndarray] | None, action: Action | None) -> StepInfo:
-        cur = self.current_state(slot)
-        board, revealed = cur["board"], cur["revealed"]
-        key = state_key_of_arrays(revealed)
-        lost = bool((revealed & (board < 0)).any())
-        won = bool(np.all(revealed | (board < 0))) and not lost
+        key = self.state_key(slot)
+        lost, won = bool(self._lost[slot]), bool(self._won[slot])
         score = self._scores[slot][-1]
         if out is None:
             return StepInfo(progress=score, state_key=key, solved=won, failed=lost, message="start")
@@ -371,8 +374,7 @@ class MineSweeperEnv(FunctionalEnv):
                         state_key=key, message=msg, moves=1)
 
     def observations(self, slots: Sequence[int]) -> list[str]:
-        return [self.lib.render(self.lib.State(board=self._current["board"][s],
-                                               revealed=self._current["revealed"][s])) for s in slots]
+        return [self.lib.render(self.current_state(s)) for s in slots]
 
     def parse_action(self, text: str) -> Action:
         return parse.parse_minesweeper(text, self.height, self.width)
@@ -386,11 +388,9 @@ class MineSweeperEnv(FunctionalEnv):
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         out: list[str | None] = []
         for s in slots:
-            cur = self.current_state(s)
-            key = (int(self._tasks[s]), cur["revealed"].tobytes())
+            key = (int(self._tasks[s]), self._revealed[s].tobytes())
             if key not in self._expert_cache:
-                self._expert_cache[key] = self.lib.safe_reveal(
-                    self.lib.State(board=cur["board"], revealed=cur["revealed"]))
+                self._expert_cache[key] = self.lib.safe_reveal(self.current_state(s))
             cell = self._expert_cache[key]
             out.append(None if cell is None else f"({cell[0] + 1}, {cell[1] + 1})")
         return out
@@ -400,7 +400,7 @@ class MineSweeperEnv(FunctionalEnv):
         out = []
         for i, s in enumerate(slots):
             banned = avoid[i] if i < len(avoid) else frozenset()
-            hidden = np.argwhere(~self._current["revealed"][s])
+            hidden = np.argwhere(~self._revealed[s])
             cells = [f"({r + 1}, {c + 1})" for r, c in hidden]
             options = [c for c in cells if c not in banned] or cells or ["(1, 1)"]
             out.append(options[int(rng.integers(len(options)))])

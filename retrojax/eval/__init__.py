@@ -1,0 +1,1 @@
+"""Evaluation: metrics with Wilson intervals, protocol runs (`retrojax eval`), reports."""
