@@ -1,0 +1,56 @@
+"""The exact BFS solver and the distance tables against a naive brute force on tiny rooms."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+import sokoban_reference as ref
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import envs.sokoban as sk
+from envs.sokoban import solver
+
+
+def _tiny_room(data, h: int, w: int, boxes: int) -> str:
+    cells = data.draw(st.lists(st.sampled_from("#___O"), min_size=h * w, max_size=h * w))
+    spot = st.integers(0, h * w - 1)
+    spots = data.draw(st.lists(spot, min_size=boxes + 1, max_size=boxes + 1, unique=True))
+    for i in spots[:-1]:
+        cells[i] = "√" if cells[i] == "O" else "X"
+    cells[spots[-1]] = "S" if cells[spots[-1]] == "O" else "P"
+    return "\n".join(" ".join(cells[r * w:(r + 1) * w]) for r in range(h))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 4), st.integers(3, 5), st.integers(1, 2), st.data())
+def test_solve_equals_brute_force(h, w, boxes, data):
+    text = _tiny_room(data, h, w, boxes)
+    assert sk.solve(sk.parse(text)) == ref.bfs(ref.grid_of(text))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 4), st.integers(3, 4), st.integers(1, 2), st.data())
+def test_distance_table_lists_exactly_the_solvable_reachable_states(h, w, boxes, data):
+    text = _tiny_room(data, h, w, boxes)
+    keys, dists = solver.distance_table(sk.parse(text).board)
+    start = ref.grid_of(text)
+    seen, queue = {start}, deque([start])
+    while queue:
+        g = queue.popleft()
+        for m in ref.DELTA:
+            n, changed, _, _ = ref.move(g, m)
+            if changed and n not in seen:
+                seen.add(n)
+                queue.append(n)
+    solvable = sorted(d for d in (ref.bfs(g) for g in seen) if d >= 0)
+    assert sorted(dists.tolist()) == solvable
+    assert np.all(np.diff(keys) > 0)
+
+
+def test_solved_and_unsolvable_rooms():
+    assert sk.solve(sk.parse("# # # #\n# P √ #\n# # # #")) == 0
+    assert sk.solve(sk.parse("# # # # #\n# P X O #\n# # # # #")) == 1
+    assert sk.solve(sk.parse("# # # # #\n# X P O #\n# # # # #")) == -1
+    assert sk.solve(sk.parse("# # # # #\n# P X _ #\n# # # # #")) == -1  # no target at all
