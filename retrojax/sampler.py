@@ -105,6 +105,7 @@ class Sampler:
         self._graphdef, self._state = nnx.split(model)
         self.cache: KVCache = init_cache(self.config, rows, max_len, cache_dtype or model.dtype)
         self._stop_tables: StopStringTables | None = None
+        self._device_tables: dict[tuple[str, ...], tuple[jax.Array, jax.Array]] = {}
         self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
                       "generated_tokens": 0}
 
@@ -203,6 +204,8 @@ class Sampler:
     def next_logits(self, rows: Sequence[int]) -> np.ndarray:
         """Float32 logits [len(rows), V] of the next token of each listed row (rows must be non-empty)."""
         rows = self._nonempty_rows(rows, "next_logits")
+        if not rows:
+            return np.zeros((0, self.config.vocab_size), np.float32)
         tok = np.zeros((self.rows,), dtype=np.int32)
         pos = np.full((self.rows,), self.max_len, dtype=np.int32)
         for r in rows:
@@ -215,54 +218,60 @@ class Sampler:
     def generate(
         self,
         rows: Sequence[int],
-        max_new_tokens: int,
+        max_new_tokens: int | Sequence[int],
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
-        stop_token_ids: Sequence[int] = (),
-        stop_strings: Sequence[str] = (),
+        stop_token_ids: Sequence[int] | None = None,
+        stop_strings: Sequence[str] | Sequence[Sequence[str]] = (),
         key: jax.Array | None = None,
     ) -> list[Generation]:
         """Decode all listed rows together until each hits a stop token/string, its token limit or a full row.
 
-        Greedy when ``temperature == 0``; otherwise ``key`` (a ``jax.random`` key) is required, and the same
-        key and inputs give the same tokens. Returns one :class:`Generation` per listed row, in order.
+        ``max_new_tokens``: one limit for all rows or one per listed row. ``stop_token_ids``: ids that end a
+        row (``None``: the tokenizer's ``stop_token_ids`` if it has them, else none; ``()``: none).
+        ``stop_strings``: strings that end a row, for all rows (``["</action>"]``) or one list per listed row
+        (``[["</action>"], ["</remark>"]]``). Greedy when ``temperature == 0``; otherwise ``key`` (a
+        ``jax.random`` key) is required, and the same key and inputs give the same tokens. Returns one
+        :class:`Generation` per listed row, in order.
         """
         rows = self._nonempty_rows(rows, "generate")
-        temperature, top_p, top_k, max_new_tokens = self._check_knobs(
-            temperature, top_p, top_k, max_new_tokens)
+        limits = self._check_limits(max_new_tokens, len(rows))
+        temperature, top_p, top_k = self._check_knobs(temperature, top_p, top_k)
         stop_ids = self._check_stop_ids(stop_token_ids)
-        stop_strings = self._check_stop_strings(stop_strings)
+        row_strings = self._check_stop_strings(stop_strings, len(rows))
         if temperature > 0 and key is None:
             raise SamplerError("sampling with temperature > 0 needs an explicit key=jax.random.key(...)")
+        if not rows:
+            return []
         key = jax.random.key(0) if key is None else key
 
         tok = np.zeros((self.rows,), dtype=np.int32)
         pos = np.zeros((self.rows,), dtype=np.int32)
         limit = np.zeros((self.rows,), dtype=np.int32)
-        for r in rows:
+        for r, lim in zip(rows, limits, strict=True):
             n = int(self.book.length[r])
             tok[r], pos[r] = self.book.tokens[r, n - 1], n - 1
-            limit[r] = min(max_new_tokens, self.max_len - n)
+            limit[r] = min(lim, self.max_len - n)
         stop_id_arr = np.full((pow2_at_least(len(stop_ids)),), -1, dtype=np.int32)
         stop_id_arr[: len(stop_ids)] = stop_ids
-        table, table_lens = self._stop_string_tables(stop_strings)
-        out_len = pow2_at_least(max(max_new_tokens, 1), 16)
+        all_strings = tuple(dict.fromkeys(x for strings in row_strings for x in strings))
+        table, table_lens = self._stop_string_tables(all_strings)
+        applies = np.zeros((self.rows, table_lens.shape[0]), dtype=bool)
+        for r, strings in zip(rows, row_strings, strict=True):
+            applies[r, [all_strings.index(x) for x in strings]] = True
+        out_len = pow2_at_least(max(limits), 16)
 
         self.cache, out_ids, out_lp, count, why, steps = _decode(
             self._graphdef, self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
-            jnp.asarray(stop_id_arr), jnp.asarray(table), jnp.asarray(table_lens),
+            jnp.asarray(stop_id_arr), table, table_lens, jnp.asarray(applies),
             jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), key, out_len=out_len,
         )
         out_ids, out_lp, count, why = (np.asarray(x) for x in (out_ids, out_lp, count, why))
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += int(steps)
-        results = []
-        for r in rows:
-            n = int(count[r])
-            results.append(self._finish_row(r, out_ids[r, :n], out_lp[r, :n], int(why[r]), max_new_tokens,
-                                            stop_ids, stop_strings))
-        return results
+        return [self._finish_row(r, out_ids[r, : count[r]], out_lp[r, : count[r]], int(why[r]), lim, strings)
+                for r, lim, strings in zip(rows, limits, row_strings, strict=True)]
 
     # --- host helpers -------------------------------------------------------------------------------
     def _nonempty_rows(self, rows: Sequence[int], what: str) -> list[int]:
@@ -272,11 +281,18 @@ class Sampler:
             raise SamplerError(f"{what}: row(s) {empty} are empty; append a prompt first")
         return rows
 
+    def _check_limits(self, max_new_tokens, n_rows: int) -> list[int]:
+        per_row = [max_new_tokens] * n_rows if isinstance(max_new_tokens, (int, np.integer)) \
+            else list(max_new_tokens)
+        if len(per_row) != n_rows:
+            raise SamplerError(f"max_new_tokens: give one int, or one per listed row ({n_rows})")
+        for m in per_row:
+            if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
+                raise SamplerError(f"max_new_tokens must be ints >= 0, got {m!r}")
+        return [int(m) for m in per_row]
+
     @staticmethod
-    def _check_knobs(temperature, top_p, top_k, max_new_tokens) -> tuple[float, float, int, int]:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) \
-                or max_new_tokens < 0:
-            raise SamplerError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    def _check_knobs(temperature, top_p, top_k) -> tuple[float, float, int]:
         if not isinstance(temperature, (int, float, np.number)) or not np.isfinite(temperature) \
                 or temperature < 0:
             raise SamplerError(f"temperature must be a finite number >= 0, got {temperature!r}")
@@ -284,9 +300,12 @@ class Sampler:
             raise SamplerError(f"top_p must be in (0, 1], got {top_p!r}")
         if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
             raise SamplerError(f"top_k must be an int >= 0 (0 = off), got {top_k!r}")
-        return float(temperature), float(top_p), int(top_k), int(max_new_tokens)
+        return float(temperature), float(top_p), int(top_k)
 
-    def _check_stop_ids(self, stop_token_ids: Sequence[int]) -> list[int]:
+    def _check_stop_ids(self, stop_token_ids: Sequence[int] | None) -> list[int]:
+        if stop_token_ids is None:
+            stop_token_ids = [i for i in getattr(self.tokenizer, "stop_token_ids", ())
+                              if i < self.config.vocab_size]
         if isinstance(stop_token_ids, (int, np.integer)):
             stop_token_ids = [stop_token_ids]
         ids = []
@@ -297,24 +316,41 @@ class Sampler:
             ids.append(int(t))
         return sorted(set(ids))
 
-    def _check_stop_strings(self, stop_strings: Sequence[str]) -> tuple[str, ...]:
+    def _check_stop_strings(self, stop_strings, n_rows: int) -> list[tuple[str, ...]]:
+        """One tuple of stop strings per listed row (a flat list applies to every row)."""
         if isinstance(stop_strings, str):
             stop_strings = [stop_strings]
+        stop_strings = list(stop_strings)
+        per_row = stop_strings if stop_strings and not isinstance(stop_strings[0], str) \
+            else [stop_strings] * n_rows
+        if len(per_row) != n_rows:
+            raise SamplerError(f"stop_strings: give one list for all rows, or one list per listed row "
+                               f"({n_rows})")
         out = []
-        for s in stop_strings:
-            if not isinstance(s, str) or not s:
-                raise SamplerError(f"stop strings must be non-empty str, got {s!r}")
-            out.append(s)
-        if out and self.tokenizer is None:
+        for strings in per_row:
+            strings = [strings] if isinstance(strings, str) else list(strings)
+            for x in strings:
+                if not isinstance(x, str) or not x:
+                    raise SamplerError(f"stop strings must be non-empty str, got {x!r}")
+            out.append(tuple(dict.fromkeys(strings)))
+        if any(out) and self.tokenizer is None:
             raise SamplerError("stop_strings need a tokenizer (Sampler(..., tokenizer=...))")
-        return tuple(dict.fromkeys(out))
+        return out
 
-    def _stop_string_tables(self, stop_strings: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-        if not stop_strings:
-            return np.zeros((1, 1, self.config.vocab_size), np.int16), np.full((1,), -1, np.int32)
-        if self._stop_tables is None:
-            self._stop_tables = StopStringTables(token_bytes_table(self.tokenizer, self.config.vocab_size))
-        return self._stop_tables.build(stop_strings)
+    def _stop_string_tables(self, stop_strings: tuple[str, ...]) -> tuple[jax.Array, jax.Array]:
+        """Device copies of the stop-string tables (built and uploaded once per set of strings)."""
+        if stop_strings not in self._device_tables:
+            if not stop_strings:
+                table, lens = np.zeros((1, 1, self.config.vocab_size), np.int16), np.full((1,), -1, np.int32)
+            else:
+                if self._stop_tables is None:
+                    vocab_bytes = token_bytes_table(self.tokenizer, self.config.vocab_size)
+                    self._stop_tables = StopStringTables(vocab_bytes)
+                table, lens = self._stop_tables.build(stop_strings)
+            if len(self._device_tables) >= 16:
+                self._device_tables.pop(next(iter(self._device_tables)))
+            self._device_tables[stop_strings] = (jnp.asarray(table), jnp.asarray(lens))
+        return self._device_tables[stop_strings]
 
     def _decode_text(self, ids: Sequence[int]) -> str:
         """Decoded text; ids past the tokenizer's vocabulary (padded model vocab) decode to nothing."""
@@ -323,7 +359,7 @@ class Sampler:
         return tok.decode([int(i) for i in ids if known is None or int(i) < known])
 
     def _finish_row(self, row: int, ids: np.ndarray, logprobs: np.ndarray, why: int, max_new_tokens: int,
-                    stop_ids: list[int], stop_strings: tuple[str, ...]) -> Generation:
+                    stop_strings: tuple[str, ...]) -> Generation:
         """Record a row's generated tokens in its conversation and describe how it ended."""
         stop: int | str | None = None
         if why != _WHY_STOP_STRING and stop_strings and self.tokenizer is not None:
@@ -374,7 +410,7 @@ def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.
     return model.project(hidden[:, 0]), cache
 
 
-def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens,
+def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens, applies,
                  temperature, top_p, top_k, key, *, out_len: int):
     """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
     TRACES["decode"] += 1
@@ -396,7 +432,7 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
         count = c["count"] + live
         at_stop_id = jnp.any(new_tok[:, None] == stop_ids[None, :], axis=-1) & live
         sstate = jnp.where(live[:, None], table[string_idx, c["sstate"], new_tok[:, None]], c["sstate"])
-        at_stop_str = jnp.any(sstate == table_lens[None, :], axis=-1) & live
+        at_stop_str = jnp.any((sstate == table_lens[None, :]) & applies, axis=-1) & live
         why = jnp.where(at_stop_id, _WHY_STOP_TOKEN, jnp.where(at_stop_str, _WHY_STOP_STRING, c["why"]))
         return {
             "i": c["i"] + 1,

@@ -142,31 +142,40 @@ def test_stop_token_ends_row_and_stays_in_conversation(model):
     stop_id = int(free.ids[5])
     first = int(np.flatnonzero(free.ids == stop_id)[0])
     s.rewind(0, mark)
-    out = s.generate([0, 1], 12, key=jax.random.key(2), stop_token_ids=[stop_id])
+    out = s.generate([0, 1], [12, 3], key=jax.random.key(2), stop_token_ids=[stop_id])
     assert out[0].finish_reason == "stop" and out[0].stop == stop_id
     np.testing.assert_array_equal(out[0].ids, free.ids[: first + 1])
     assert s.length(0) == mark + first + 1
-    assert out[1].finish_reason == "stop" or out[1].ids.size == 12
+    assert out[1].finish_reason == "stop" or (out[1].ids.size == 3 and out[1].finish_reason == "length")
+    # stop_token_ids=None takes the tokenizer's stop ids
+    tok = LetterTokenizer(1000)
+    tok.stop_token_ids = (stop_id,)
+    s.tokenizer = tok
+    s.rewind(0, mark)
+    again = s.generate([0], 12, key=jax.random.key(2))[0]
+    np.testing.assert_array_equal(again.ids, out[0].ids)
+    assert again.text == "".join(tok.pieces[i] for i in again.ids[:-1])
+    assert s.generate([], 4, temperature=0.0) == [] and s.next_logits([]).shape == (0, 1000)
 
 
 def test_stop_string_split_across_tokens(model):
     tok = LetterTokenizer(1000)
     s = new_sampler(model, tokenizer=tok)
-    s.append([0, 2], [prompt(50, 5), prompt(51, 5)])
+    s.append([0, 2], [prompt(50, 5), prompt(50, 5)])
     mark = s.mark(0)
-    free = s.generate([0], 16, key=jax.random.key(9))[0]
+    free, free2 = s.generate([0, 2], 16, key=jax.random.key(9))
     pieces = [tok.pieces[i] for i in free.ids]
-    text = "".join(pieces)
-    # a stop string made of the end of token k and the start of token k+1, absent from the earlier text
-    for k in range(2, len(pieces) - 1):
-        stop = pieces[k][-1:] + pieces[k + 1][:2]
-        before = "".join(pieces[:k + 1])
-        if stop not in before and len(stop) >= 2:
-            break
-    else:
-        pytest.fail("no usable split stop string in the sampled text")
+    text, text2 = "".join(pieces), "".join(tok.pieces[i] for i in free2.ids)
+    # stop strings made of the end of token k and the start of token k+1, absent from the earlier text;
+    # prefer one that row 2's reply contains too, so row 2 ignoring it (not its stop string) means something
+    candidates = [pieces[k][-1:] + pieces[k + 1][:2] for k in range(1, len(pieces) - 1)
+                  if pieces[k][-1:] + pieces[k + 1][:2] not in "".join(pieces[:k + 1])]
+    candidates = [c for c in candidates if len(c) >= 2]
+    assert candidates, "no usable split stop string in the sampled text"
+    stop = next((c for c in candidates if c in text2), candidates[0])
     s.rewind(0, mark)
-    out = s.generate([0, 2], 16, key=jax.random.key(9), stop_strings=["zzzz", stop])
+    s.rewind(2, mark)
+    out = s.generate([0, 2], 16, key=jax.random.key(9), stop_strings=[["zzzz", stop], ["zzzz"]])
     got = out[0]
     assert got.finish_reason == "stop" and got.stop == stop and got.reason == f"stop string {stop!r}"
     end = text.index(stop) + len(stop)
@@ -175,7 +184,9 @@ def test_stop_string_split_across_tokens(model):
     n = next(i + 1 for i in range(len(pieces)) if stop in "".join(pieces[: i + 1]))
     np.testing.assert_array_equal(got.ids, free.ids[:n])
     assert s.length(0) == mark + n
-    assert "zzzz" not in out[1].text
+    # row 2 listed only "zzzz" (never produced by these letters): it runs on exactly as before
+    np.testing.assert_array_equal(out[1].ids, free2.ids)
+    assert out[1].finish_reason == "length" and out[1].text == text2
 
 
 def test_overflow_is_reported_and_isolated(model):
@@ -213,6 +224,8 @@ def test_bad_arguments_raise_clear_errors(model):
         (lambda: s.rewind("0", 1), "row must be an int"),
         (lambda: s.generate([1], 4, temperature=0.0), "empty"),
         (lambda: s.generate([0], -1, temperature=0.0), "max_new_tokens"),
+        (lambda: s.generate([0], [3, 4], temperature=0.0), "one per listed row"),
+        (lambda: s.generate([0], 4, temperature=0.0, stop_strings=[["a"], ["b"]]), "one list per listed row"),
         (lambda: s.generate([0], 4, temperature=-1.0), "temperature"),
         (lambda: s.generate([0], 4, temperature=1.0), "explicit key"),
         (lambda: s.generate([0], 4, top_p=0.0, key=jax.random.key(0)), "top_p"),
