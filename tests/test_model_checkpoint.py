@@ -14,6 +14,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from hf_fixtures import hf_logits, make_tiny_hf_checkpoint
 from safetensors import safe_open
 
@@ -39,6 +40,11 @@ def ckpts(tmp_path_factory):
             for i, (name, kw) in enumerate(CONFIGS.items())}
 
 
+@nnx.jit
+def fwd(model, ids, positions=None, mask=None):
+    return model(ids, positions, mask)
+
+
 def _batch(vocab=1000):
     rng = np.random.RandomState(7)
     ids = rng.randint(0, vocab, (3, 9))
@@ -59,11 +65,11 @@ def test_fp32_parity_with_transformers(ckpts, name):
     ids, mask, pos = _batch()
     ref = hf_logits(path, ids, attention_mask=mask, position_ids=pos)
     model = from_pretrained(path)
-    ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask)))
+    ours = np.asarray(fwd(model, jnp.asarray(ids), jnp.asarray(pos), jnp.asarray(mask)))
     real = _real(mask)
     assert np.abs(ours[real] - ref[real]).max() <= 1e-4
     # default positions with a mask are the same cumulative count
-    ours_default = np.asarray(model(jnp.asarray(ids), attention_mask=jnp.asarray(mask)))
+    ours_default = np.asarray(fwd(model, jnp.asarray(ids), None, jnp.asarray(mask)))
     np.testing.assert_allclose(ours_default[real], ours[real], atol=1e-6)
     cfg = json.loads((path / "config.json").read_text())
     assert ("rope_parameters" in cfg) == (CONFIGS[name]["layout"] == "v5")
@@ -81,7 +87,7 @@ def test_bf16_tolerance(ckpts):
         hf_err = np.abs(hf16(torch.as_tensor(ids)).logits.float().numpy() - ref).max()
     model = from_pretrained(path, dtype=jnp.bfloat16)
     assert model.layers.q[...].dtype == jnp.bfloat16
-    ours_err = np.abs(np.asarray(model(jnp.asarray(ids))) - ref).max()
+    ours_err = np.abs(np.asarray(fwd(model, jnp.asarray(ids))) - ref).max()
     assert ours_err <= 2 * hf_err + 1e-2, (ours_err, hf_err)
 
 
@@ -91,9 +97,10 @@ def test_save_pretrained_loads_in_transformers(ckpts, tmp_path, name):
     model = from_pretrained(ckpts[name])
     out = save_pretrained(model, tmp_path / "ours", max_shard_bytes=40_000)
     assert (out / "model.safetensors.index.json").exists()
-    np.testing.assert_allclose(hf_logits(out, ids), np.asarray(model(jnp.asarray(ids))), atol=1e-5)
+    ours = np.asarray(fwd(model, jnp.asarray(ids)))
+    np.testing.assert_allclose(hf_logits(out, ids), ours, atol=1e-5)
     again = from_pretrained(out)
-    np.testing.assert_array_equal(np.asarray(again(jnp.asarray(ids))), np.asarray(model(jnp.asarray(ids))))
+    np.testing.assert_array_equal(np.asarray(fwd(again, jnp.asarray(ids))), ours)
     assert Qwen3Config.from_json(out) == model.config
 
 
