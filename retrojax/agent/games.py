@@ -247,7 +247,7 @@ class SokobanEnv(FunctionalEnv):
     def _info(self, slot: int, out: dict[str, np.ndarray] | None, action: Action | None) -> StepInfo:
         dist = int(self._host.distance[slot])
         progress = float("inf") if dist < 0 else float(dist)
-        key = state_key_of_arrays(self._host.board[slot], self._host.player[slot])
+        key = self.state_key(slot)
         if out is None:
             return StepInfo(progress=progress, state_key=key, solved=dist == 0, failed=dist < 0,
                             message="start")
@@ -260,6 +260,10 @@ class SokobanEnv(FunctionalEnv):
             msg += "; dead end: the puzzle can no longer be solved"
         return StepInfo(reward=float(out["reward"][slot]), solved=dist == 0, failed=dist < 0,
                         progress=progress, state_key=key, message=msg, moves=applied)
+
+    def state_key(self, slot: int) -> str:
+        """Hash of the board and player (the level index and distance follow from them)."""
+        return state_key_of_arrays(self._host.board[slot], self._host.player[slot])
 
     def observations(self, slots: Sequence[int]) -> list[str]:
         return [self.lib.render(self._host.board[s]) for s in slots]

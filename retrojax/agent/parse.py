@@ -66,6 +66,8 @@ def parse_rewind(content: str) -> Action | None:
 
 def parse_with(content: str, parse_move: Callable[[str], Action]) -> Action:
     """A rewind request if ``content`` is one, else the world's move parser."""
+    if not isinstance(content, str):
+        return invalid(f"expected action text, got {type(content).__name__}")
     rewind = parse_rewind(content)
     return rewind if rewind is not None else parse_move(content)
 
