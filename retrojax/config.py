@@ -37,6 +37,8 @@ class EnvConfig:
     num_tasks: int | None = None  # use only the first N tasks of a split (None = all)
     text_workers: int = 2  # worker processes for host-side text worlds
     step_timeout_s: float = 30.0
+    data_dir: str | None = None  # real ALFWorld games (standard layout) for split alfworld-data:PART
+    text_step_limit: int = 100  # ScienceWorld: moves before an episode ends (as its wrapper)
 
 
 @dataclasses.dataclass(frozen=True)

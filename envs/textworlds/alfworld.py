@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.textworlds.alfworld_gen import generate_game
-from envs.textworlds.base import Observation, TextWorld
+from envs.textworlds.base import Observation, TextWorld, digest
 
 NOTHING_HAPPENS = "Nothing happens."
 STATIC_PREDICATES = frozenset({
@@ -269,7 +269,8 @@ class ALFWorld(TextWorld):
     def _observe(self, state: Any, valid: bool, changed: bool) -> Observation:
         self._admissible = list(state["admissible_commands"])
         won = bool(state["won"])
-        progress = 1.0 if won else self._progress(self._facts())
+        facts = self._facts()
+        progress = 1.0 if won else self._progress(facts)
         score = 100.0 * progress
         reward = score - self._last_score
         self._last_score = score
@@ -283,6 +284,7 @@ class ALFWorld(TextWorld):
             valid=valid,
             changed=changed,
             moves=self._moves,
+            key=digest(str(self._task), *sorted(f"{n}({','.join(a)})" for n, a in facts)),
         )
 
     def reset(self, task: str) -> Observation:
@@ -308,6 +310,9 @@ class ALFWorld(TextWorld):
 
     def admissible(self) -> dict[str, list[str]]:
         return {"actions": list(self._admissible)}
+
+    def candidates(self) -> list[str]:
+        return list(self._admissible)
 
     def expert_action(self) -> str | None:
         """The next action of ALFWorld's planner from the current state (None when no plan)."""

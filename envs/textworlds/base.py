@@ -10,7 +10,17 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 from typing import Any
+
+
+def digest(*parts: str) -> str:
+    """A stable 16-hex-digit hash of strings (engine state keys)."""
+    h = hashlib.blake2b(digest_size=8)
+    for p in parts:
+        h.update(p.encode("utf-8", "surrogatepass"))
+        h.update(b"\x00")
+    return h.hexdigest()
 
 
 class TextWorldError(RuntimeError):
@@ -29,7 +39,9 @@ class Observation:
     in [0, 1] (ScienceWorld score/100 clipped at 0; ALFWorld the fraction of goal conditions that
     hold). ``valid`` is False when the engine did not recognise the action (the observation is then
     the engine's own message). ``changed`` says whether the engine state may have moved — an invalid
-    action that did not change it keeps the retained path exact without a replay.
+    action that did not change it keeps the retained path exact without a replay. ``key`` is a digest of
+    the engine state (ALFWorld: its PDDL facts; ScienceWorld: the room, inventory and score), so equal
+    states reached by different paths share it. ``admissible`` is filled only when a call asks for it.
     """
 
     text: str
@@ -41,6 +53,8 @@ class Observation:
     valid: bool = True
     changed: bool = True
     moves: int = 0
+    key: str = ""
+    admissible: dict[str, list[str]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,6 +76,10 @@ class TextWorld(abc.ABC):
     @abc.abstractmethod
     def admissible(self) -> dict[str, list[str]]:
         """Actions a prompt may list, computed on demand (e.g. ``{"actions": [...]}``)."""
+
+    @abc.abstractmethod
+    def candidates(self) -> list[str]:
+        """Concrete actions a random player may pick from (valid or admissible commands)."""
 
     @abc.abstractmethod
     def expert_action(self) -> str | None:

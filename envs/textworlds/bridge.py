@@ -89,7 +89,9 @@ class TextWorldBridge:
             if rec is not None:
                 self._load[rec.worker] -= 1
 
-    def _call(self, rec: TrialRecord, op: str, action: str | None = None, j: int | None = None) -> Call:
+    def _call(
+        self, rec: TrialRecord, op: str, action: str | None = None, j: int | None = None, adm: bool = False
+    ) -> Call:
         k = rec.k if j is None else j
         return Call(
             op=op,
@@ -97,6 +99,7 @@ class TextWorldBridge:
             path=tuple(rec.actions[:k]),
             expected=rec.checkpoints[k].text,
             action=action,
+            admissible=adm,
         )
 
     def _dispatch(self, items: list[tuple[int, Call | None]]) -> list[Reply | None]:
@@ -118,8 +121,8 @@ class TextWorldBridge:
         return Outcome(trial=trial, obs=None, k=rec.k, error=rec.error)
 
     # --- batched operations ------------------------------------------------------------------
-    def reset(self, tasks: Sequence[str]) -> list[Outcome]:
-        """Open one new trial per task at its initial state C_0."""
+    def reset(self, tasks: Sequence[str], admissible: bool = False) -> list[Outcome]:
+        """Open one new trial per task at its initial state C_0 (``admissible``: attach them)."""
         ids = []
         for task in tasks:
             worker = min(range(len(self._load)), key=lambda w: self._load[w])
@@ -128,7 +131,8 @@ class TextWorldBridge:
             self._next_trial += 1
             self.trials[tid] = TrialRecord(task=task, worker=worker)
             ids.append(tid)
-        replies = self._dispatch([(t, Call(op="reset", task=self.trials[t].task)) for t in ids])
+        replies = self._dispatch([(t, Call(op="reset", task=self.trials[t].task, admissible=admissible))
+                                  for t in ids])
         out = []
         for t, reply in zip(ids, replies, strict=True):
             rec = self.trials[t]
@@ -139,7 +143,7 @@ class TextWorldBridge:
             out.append(Outcome(trial=t, obs=reply.value, k=0))
         return out
 
-    def step(self, trials: Sequence[int], actions: Sequence[str]) -> list[Outcome]:
+    def step(self, trials: Sequence[int], actions: Sequence[str], admissible: bool = False) -> list[Outcome]:
         """One action per trial; accepted actions push checkpoint C_{k+1}.
 
         Stepping a trial whose episode has ended is answered with an error and changes nothing.
@@ -152,7 +156,8 @@ class TextWorldBridge:
             rec = self.record(t)
             if rec.error is None and rec.current.done:
                 usage[i] = "step after the episode ended"
-            call = None if (rec.error or i in usage) else self._call(rec, "step", action=str(a))
+            skip = rec.error or i in usage
+            call = None if skip else self._call(rec, "step", action=str(a), adm=admissible)
             items.append((t, call))
         out = []
         for i, ((t, _), a, reply) in enumerate(zip(items, actions, self._dispatch(items), strict=True)):
@@ -170,7 +175,9 @@ class TextWorldBridge:
             out.append(Outcome(trial=t, obs=obs, k=rec.k))
         return out
 
-    def rewind(self, trials: Sequence[int], targets: Sequence[int]) -> list[Outcome]:
+    def rewind(
+        self, trials: Sequence[int], targets: Sequence[int], admissible: bool = False
+    ) -> list[Outcome]:
         """Back to C_j (0 ≤ j ≤ k): reset + replay a_1..a_j, check the observation, truncate.
 
         A target outside 0..k is answered with an error and changes nothing.
@@ -185,7 +192,7 @@ class TextWorldBridge:
                 usage[i] = f"rewind target {j} outside 0..{rec.k}"
             call = None
             if rec.error is None and i not in usage:
-                call = dataclasses.replace(self._call(rec, "restore", j=int(j)), fresh=True)
+                call = dataclasses.replace(self._call(rec, "restore", j=int(j), adm=admissible), fresh=True)
             items.append((t, call))
         replies = self._dispatch(items)
         out = []
@@ -199,7 +206,9 @@ class TextWorldBridge:
                 continue
             del rec.actions[int(j):]
             del rec.checkpoints[int(j) + 1:]
-            out.append(Outcome(trial=t, obs=rec.current, k=rec.k))
+            obs = rec.current if not admissible else dataclasses.replace(
+                rec.current, admissible=reply.value.admissible)
+            out.append(Outcome(trial=t, obs=obs, k=rec.k))
         return out
 
     def _query(self, trials: Sequence[int], op: str) -> list[Outcome]:
@@ -216,6 +225,10 @@ class TextWorldBridge:
     def admissible(self, trials: Sequence[int]) -> list[Outcome]:
         """Admissible actions at each trial's current checkpoint (computed only when asked)."""
         return self._query(trials, "admissible")
+
+    def candidates(self, trials: Sequence[int]) -> list[Outcome]:
+        """Concrete actions a random player may choose from, per trial (``value``)."""
+        return self._query(trials, "candidates")
 
     def expert(self, trials: Sequence[int]) -> list[Outcome]:
         """The expert's next action at each trial's current checkpoint (``value``; None if none)."""

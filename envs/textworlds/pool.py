@@ -50,7 +50,8 @@ def make_world(world: str, kwargs: dict[str, Any] | None = None) -> TextWorld:
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """One operation at a given state: ``op`` ∈ reset | restore | step | admissible | expert | goal.
+    """One operation at a given state: ``op`` ∈ reset | restore | step | admissible | candidates |
+    expert | goal.
 
     ``path`` is the action sequence from the task's reset to the state the op runs at; ``expected``
     is the observation recorded there (checked whenever the worker had to replay to get there).
@@ -62,6 +63,7 @@ class Call:
     expected: str | None = None
     action: str | None = None
     fresh: bool = False  # replay even if the worker is already at this state (rewinds)
+    admissible: bool = False  # attach the world's admissible actions to the returned observation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,12 @@ class _WorkerState:
         return obs, len(path)
 
     def run(self, call: Call) -> tuple[Any, int]:
+        value, replayed = self._run(call)
+        if call.admissible and isinstance(value, Observation):
+            value = dataclasses.replace(value, admissible=self.world.admissible())
+        return value, replayed
+
+    def _run(self, call: Call) -> tuple[Any, int]:
         if call.op == "reset":
             self.at = None
             obs = self.world.reset(call.task)
@@ -136,6 +144,8 @@ class _WorkerState:
             return self.world.admissible(), replayed
         if call.op == "expert":
             return self.world.expert_action(), replayed
+        if call.op == "candidates":
+            return self.world.candidates(), replayed
         if call.op == "goal":
             return self.world.goal(), replayed
         raise ValueError(f"unknown call op '{call.op}'")

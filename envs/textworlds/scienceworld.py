@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from envs.textworlds.base import Observation, TextWorld
+from envs.textworlds.base import Observation, TextWorld, digest
 
 UNKNOWN_ACTION = "No known action matches that input."
 SPLIT_PARTS = ("train", "dev", "test")
@@ -75,6 +75,8 @@ class ScienceWorld(TextWorld):
         done = completed or score < 0 or moves > self.step_limit
         reward = score - self._last_score
         self._last_score = score
+        key = digest(f"{self._task}", str(self._server.freeActionLook()),
+                     str(self._server.freeActionInventory()), f"{score}")
         return Observation(
             text=str(text),
             score=score,
@@ -85,6 +87,7 @@ class ScienceWorld(TextWorld):
             valid=valid,
             changed=changed,
             moves=moves,
+            key=key,
         )
 
     def reset(self, task: str) -> Observation:
@@ -116,8 +119,8 @@ class ScienceWorld(TextWorld):
             "objects": sorted(str(o) for o in self._server.getPossibleObjects()),
         }
 
-    def valid_actions(self) -> list[str]:
-        """Every valid action-object combination (slow: about a second; only for random policies)."""
+    def candidates(self) -> list[str]:
+        """Every valid action-object combination (slow: about a second; only for random players)."""
         return sorted(str(a) for a in self._server.getValidActionObjectCombinations())
 
     def gold_path(self, task: str) -> list[str]:
@@ -142,23 +145,27 @@ class ScienceWorld(TextWorld):
         return list(self._gold[key])
 
     def expert_action(self) -> str | None:
-        """The next gold-path action while the history since reset follows the gold path, else None."""
+        """The next gold-path action not yet taken since reset (None once the gold path is used up).
+
+        Actions off the gold path are skipped over: the gold path's actions are matched in order
+        against the history, so a harmless detour leaves the expert where it was.
+        """
         if self._task is None:
             raise RuntimeError("expert_action before any reset")
         name, variation = self._task
         history = list(self._history)
-        at = self._loaded == (name, variation)
         gold = self.gold_path(f"{name}:{variation}")
-        if not at:  # the gold-path load replaced the engine's state: put the history back
+        if self._loaded != (name, variation):  # a gold-path load replaced the engine's state
             self.reset(f"{name}:{variation}")
             for action in history:
                 self.step(action)
-        # the gold path starts with the reset's own "look around"
-        if gold and gold[0] == "look around":
+        if gold and gold[0] == "look around":  # the reset's own first action
             gold = gold[1:]
-        if history != gold[: len(history)] or len(history) >= len(gold):
-            return None
-        return gold[len(history)]
+        matched = 0
+        for action in history:
+            if matched < len(gold) and action == gold[matched]:
+                matched += 1
+        return gold[matched] if matched < len(gold) else None
 
     def goal(self) -> str:
         return str(self._server.getTaskDescription())

@@ -1,0 +1,132 @@
+"""ScienceWorld templates (full and compact). World field: ``goal`` (the task description).
+
+The agent answers with ``<action>…</action>``; the observation block of each user turn carries the
+engine's text, the score so far and the admissible action templates and objects.
+"""
+
+from __future__ import annotations
+
+from retrojax.agent.prompts import PromptSet, register
+
+_RULES = (
+    "ScienceWorld is a text simulation of a house with rooms (kitchen, workshop, greenhouse, outside, …) "
+    "and working physics, chemistry and biology. You act with one typed command per turn built from the "
+    "action templates listed in each observation, with OBJ replaced by an object name, e.g. 'open door to "
+    "kitchen', 'go to kitchen', 'pick up thermometer', 'focus on water', 'wait1'. Doors must be opened "
+    "before walking through them. 'focus on X' tells the simulator which object the task is about: focus "
+    "only on the object the task names, because focusing on a wrong object can fail the task. When a "
+    "command is ambiguous the simulator lists numbered options; answer with the number. The task: {goal} "
+    "The score (0 to 100) rises as you complete parts of the task; 100 means done. A negative score "
+    "means the task has failed and this path is lost."
+)
+
+_TRIGGERS = {
+    "model": "You asked to go back to checkpoint C_{target}.",
+    "failure": "The task failed on this path (the score went negative).",
+    "branch_budget": "You used the whole branch budget on this path without finishing the task.",
+    "truncated": "Your last reply was cut off at the length limit before it finished.",
+}
+
+_REWIND_ALLOWED = (
+    "Checkpoints: C_0 is the start and C_i the state after your i-th executed command on the current "
+    "path. Instead of a command you may reply <action>rewind to C_j</action> for an earlier checkpoint j "
+    "listed as a valid target. The simulation is put back exactly as it was at C_j; what you learned "
+    "stays with you, because you first write a short memory of the abandoned branch that you will see "
+    "from C_j on. Rewind when the path went wrong (a wrong focus, an object used up or broken, many turns "
+    "without score); it costs replies, so do not rewind without a reason. After a failed task you may "
+    "also be sent back automatically."
+)
+
+_REWIND_FORBIDDEN = "There are no rewinds here: every command is final, so check before you act."
+
+SYSTEM_FULL = (
+    "You are an agent carrying out a science task in ScienceWorld by typing commands.\n\n"
+    "Rules. " + _RULES + "\n\n"
+    "Goal. {goal} The task can be completed from the start.\n\n"
+    "Budgets. You have {max_calls} replies in total (commands, rewinds and memory reflections all count; "
+    "they are never given back). On the current path you may take at most {branch_budget} turns; going "
+    "back to a checkpoint gives back the turns taken after it.\n\n"
+    "{rewind_rules}\n\n"
+    "Reply format. Reason briefly about what the task still needs, then end with exactly one action tag "
+    "holding one command, for example <action>open door to kitchen</action>. Only the last action tag "
+    "in your reply counts."
+)
+
+USER_FULL = (
+    "Observation at checkpoint C_{checkpoint}:\n{observation}\n\n"
+    "Replies used {calls_used}, left {calls_left}. "
+    "Turns on this path used {branch_used}, left {branch_left}.\n"
+    "Valid rewind targets: {targets}.\n"
+    "Recent turns on this path:\n{events}\n"
+    "{note}"
+    "Your command?"
+)
+
+MEMORY = "Memory from an abandoned branch, kept at checkpoint C_{checkpoint}:\n{remark}"
+
+_REFLECT_BODY = (
+    "You are reviewing a ScienceWorld attempt before going back.\n\nRules. {rules}\n\n"
+    "How going back works: the simulation returns to checkpoint C_{target} exactly as it was; every "
+    "command after it is undone. What you write now is all you keep from the abandoned branch.\n\n"
+    "Why: {trigger}\n\n"
+    "Observation at C_{target}:\n{state_target}\n\nObservation now (C_{checkpoint}):\n{state_current}\n\n"
+    "Branch from C_{target} to C_{checkpoint} (command → outcome):\n{history}\n\n"
+    "Earlier memories:\n{earlier}\n\n"
+)
+
+REFLECT_KNOWN_FULL = _REFLECT_BODY + (
+    "Write a compact memory inside <remark>…</remark>: what you did, what went wrong, which commands to "
+    "avoid from C_{target}, and your plan from C_{target}."
+)
+
+REFLECT_CHOOSE_FULL = _REFLECT_BODY.replace(
+    "the simulation returns to checkpoint C_{target}", "the simulation returns to the checkpoint you choose"
+).replace(
+    "Observation at C_{target}", "Observation at C_{target} (the latest checkpoint before the trigger)"
+) + (
+    "Choose where to go back to among {targets}. Write a compact memory inside <remark>…</remark> (what "
+    "you did, what went wrong, what to avoid, your plan from the chosen checkpoint), then end with "
+    "<action>rewind to C_j</action> for your chosen j."
+)
+
+SYSTEM_COMPACT = (
+    "ScienceWorld task: {goal}\nOne command per turn from the listed templates (OBJ = object name); open "
+    "doors before going through; focus only on the object the task names; answer numbered choices with "
+    "the number. Score 0-100, 100 = done, negative = failed.\n"
+    "Budget: {max_calls} replies total, never refunded; {branch_budget} turns per path, refunded by "
+    "rewinds.\n{rewind_rules}\n"
+    "End with one tag: <action>go to kitchen</action>."
+)
+
+USER_COMPACT = (
+    "C_{checkpoint}:\n{observation}\n"
+    "replies {calls_used}/{calls_left} left, path turns {branch_used}/{branch_left} left, "
+    "rewind to: {targets}\n"
+    "{events}\n{note}"
+)
+
+REFLECT_KNOWN_COMPACT = (
+    "Review before going back to C_{target}. {rules}\nWhy: {trigger}\nC_{target}:\n{state_target}\n"
+    "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
+    "Write <remark>mistake, what to avoid, plan from C_{target}</remark>."
+)
+
+REFLECT_CHOOSE_COMPACT = (
+    "Review before going back. {rules}\nWhy: {trigger}\nLatest C_{target}:\n{state_target}\n"
+    "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
+    "Write <remark>mistake, what to avoid, plan</remark> then <action>rewind to C_j</action>, j in {targets}."
+)
+
+register("scienceworld", "full", PromptSet(
+    system=SYSTEM_FULL, user=USER_FULL, memory=MEMORY, reflect_known=REFLECT_KNOWN_FULL,
+    reflect_choose=REFLECT_CHOOSE_FULL, rules=_RULES, rewind_allowed=_REWIND_ALLOWED,
+    rewind_forbidden=_REWIND_FORBIDDEN, triggers=_TRIGGERS,
+))
+register("scienceworld", "compact", PromptSet(
+    system=SYSTEM_COMPACT, user=USER_COMPACT, memory=MEMORY, reflect_known=REFLECT_KNOWN_COMPACT,
+    reflect_choose=REFLECT_CHOOSE_COMPACT,
+    rules="Task: {goal} One command per turn; score 100 = done, negative = failed.",
+    rewind_allowed="Checkpoint C_i = after turn i. <action>rewind to C_j</action> restores C_j and keeps "
+    "your memory; use it when a branch goes wrong.",
+    rewind_forbidden="No rewinds: every command is final.", triggers=_TRIGGERS,
+))

@@ -1,0 +1,122 @@
+"""Text worlds in the trial loop: the adapter, prompts, scripted oracle, forced recovery."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retrojax import config
+from retrojax.agent.env_api import make_env
+from retrojax.agent.prompts import (
+    MEMORY_FIELDS,
+    REFLECT_CHOOSE_FIELDS,
+    REFLECT_FIELDS,
+    SYSTEM_FIELDS,
+    TRIGGERS,
+    USER_FIELDS,
+    get_prompts,
+)
+from retrojax.agent.runner import run_trials
+from retrojax.agent.textworld_env import TextOraclePolicy, TextWorldEnv, format_action, make_alfworld
+from retrojax.agent.trial import EXECUTE, Generation
+
+pytestmark = pytest.mark.textworlds
+
+
+def cfg_for(name: str, tmp_path, *extra: str):
+    return config.load(None, [f"env.name={name}", f"env.cache_dir={tmp_path}", "env.text_workers=2",
+                              "env.step_timeout_s=120", *extra])
+
+
+@pytest.mark.parametrize("world", ["scienceworld", "alfworld"])
+@pytest.mark.parametrize("style", ["full", "compact"])
+def test_prompt_templates_have_the_required_fields(world, style):
+    p = get_prompts(world, style)
+    assert p.fields("system") == {*SYSTEM_FIELDS, "goal"}
+    assert p.fields("user") == set(USER_FIELDS)
+    assert p.fields("memory") == set(MEMORY_FIELDS)
+    assert p.fields("reflect_known") == set(REFLECT_FIELDS)
+    assert p.fields("reflect_choose") == set(REFLECT_CHOOSE_FIELDS)
+    assert set(p.triggers) == set(TRIGGERS)
+    assert "<remark>" in p.reflect_known and "<remark>" in p.reflect_choose
+    marker = "```action" if world == "alfworld" else "<action>"
+    assert marker in p.system and marker in p.reflect_choose
+
+
+def test_splits_and_action_parsing(tmp_path):
+    cfg = cfg_for("alfworld", tmp_path, "env.split=alfworld-gen-heat,cool", "env.num_tasks=5")
+    env = make_env(cfg, "alfworld-gen-heat,cool:test")
+    assert env.num_tasks == 5 and env.action_style == "fence"
+    assert {t.split(":")[1] for t in env.tasks} == {"pick_heat_then_place_in_recep",
+                                                     "pick_cool_then_place_in_recep"}
+    for bad in ("alfworld-gen:exam", "sokoban-6x6-2:test", "alfworld-genx:test"):
+        with pytest.raises(ValueError):
+            make_alfworld(cfg, bad)
+    with pytest.raises(ValueError, match="data_dir"):
+        make_alfworld(cfg, "alfworld-data:test")
+    a = env.parse_action("  go to   countertop 1 ")
+    assert a.is_move and a.text == "go to countertop 1"
+    assert env.parse_action("rewind to C_2").target == 2
+    assert env.parse_action("rewind please").is_invalid
+    assert env.parse_action("x" * 300).is_invalid and env.parse_action("   ").is_invalid
+    assert env.parse_action("take apple\nput apple").is_invalid
+    assert format_action("look", "fence") == "```action\nlook\n```"
+    assert env.branch_value([0.0, 50.0, 25.0], False, False) == 50.0
+    env.close()
+
+
+def test_alfworld_oracle_solves_with_fenced_actions_and_recovers(tmp_path):
+    cfg = cfg_for("alfworld", tmp_path, "trial.max_calls=24", "trial.branch_budget=12")
+    tight = cfg_for("alfworld", tmp_path, "trial.max_calls=24", "trial.branch_budget=5")
+    env = TextWorldEnv("alfworld", ["gen:pick_and_place_simple:31", "gen:pick_clean_then_place_in_recep:31"],
+                       num_workers=2, timeout_s=120.0)
+    try:
+        archive, _ = run_trials(cfg, TextOraclePolicy(0.0), task_ids=[0, 1], trials_per_task=1,
+                                protocols=["P@1"], env=env)
+        assert [t.success for t in archive.trials] == [True, True]
+        execs = [c for c in archive.calls if c.role == "execution"]
+        assert all(c.output_text.rstrip().endswith("```") and "```action\n" in c.output_text for c in execs)
+        assert all(c.valid for c in execs)
+        # a noisy oracle under T@3 with a short branch budget: recoveries replay through the bridge
+        archive, _ = run_trials(tight, TextOraclePolicy(0.6), task_ids=[0, 1], seeds=[3], trials_per_task=1,
+                                protocols=["T@3"], env=env)
+        assert archive.recoveries, "expected at least one recovery"
+        assert all(r.remark for r in archive.recoveries)
+        assert env.errors() == {}
+    finally:
+        env.close()
+
+
+class FocusOnAirFirst(TextOraclePolicy):
+    """Fails ScienceWorld's task on purpose at C_0 until a remark says to avoid it."""
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        for i, r in enumerate(requests):
+            if r.view.kind == EXECUTE and r.view.checkpoint == 0 and not r.view.remarks:
+                out[i] = Generation("Let me focus on the air.\n<action>focus on air</action>")
+                self.last_random[r.trial] = (0, r.view.state_key, "focus on air")
+        return out
+
+
+def test_scienceworld_failure_triggers_forced_recovery_then_the_oracle_solves(tmp_path):
+    cfg = cfg_for("scienceworld", tmp_path, "trial.max_calls=20", "trial.branch_budget=10")
+    env = TextWorldEnv("scienceworld", ["find-living-thing:3"], num_workers=2, timeout_s=120.0,
+                       world_kwargs={"cache_dir": str(tmp_path)})
+    try:
+        archive, _ = run_trials(cfg, FocusOnAirFirst(0.0), task_ids=[0], trials_per_task=2,
+                                protocols=["P@1", "T@3"], env=env)
+        p1, t3 = [[t for t in archive.trials if t.protocol == p] for p in ("P@1", "T@3")]
+        assert not any(t.success for t in p1) and all(t.end_reason == "failure" for t in p1)
+        assert all(t.success and t.macro_attempts == 2 and t.rewinds_forced == 1 for t in t3)
+        recs = [r for r in archive.recoveries if r.trigger == "failure"]
+        assert len(recs) == 2 and all(r.target == 0 and "focus on air" in r.remark for r in recs)
+        assert env.errors() == {}
+        obs = env.observations([2])[0]  # slots 2, 3 hold the T@3 trials
+        assert "Score so far: 100 / 100." in obs and "Action templates" in obs
+        (exp,) = env.expert_actions([2])
+        assert exp is None  # the gold path is used up in a solved trial
+        rnd = env.random_actions([2, 3], np.random.default_rng(0))
+        assert all(isinstance(a, str) and a for a in rnd)
+    finally:
+        env.close()
