@@ -101,9 +101,16 @@ class SentencePieceBackend:
 
         self.model_file = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        # sentencepiece reads U+2581 in text as its space marker; spell that character with byte pieces
+        self._meta_bytes = [self.sp.piece_to_id(f"<0x{b:02X}>") for b in "\u2581".encode()]
 
     def encode(self, text: str) -> list[int]:
-        return list(self.sp.encode(text))
+        ids: list[int] = []
+        for i, part in enumerate(text.split("\u2581")):
+            if i:
+                ids += self._meta_bytes
+            ids += self.sp.encode(part)
+        return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         ids = [int(i) for i in ids]
