@@ -84,6 +84,7 @@ class LevelBank:
 
     boards: jax.Array  # int8 [L, H, W]
     players: jax.Array  # int8 [L]: flat player cell
+    boxes: jax.Array  # int8 [L, num_boxes]: sorted flat box cells
     d0: jax.Array  # int16 [L]: shortest solution length from the start
     tables: Tables
     ref: TablesRef = struct.field(pytree_node=False)
@@ -119,10 +120,11 @@ def _assemble(boards: np.ndarray, keys: list[np.ndarray], dists: list[np.ndarray
     )
     flat = boards.reshape(len(boards), -1)
     players = np.argmax(np.isin(flat, (PLAYER, PLAYER_T)), axis=1).astype(np.int8)
+    boxes = np.stack([np.flatnonzero(np.isin(row, (BOX, BOX_T))) for row in flat]).astype(np.int8)
     d0 = np.array([_start_distance(b, k, d) for b, k, d in zip(boards, keys, dists, strict=True)], np.int16)
     return LevelBank(
-        boards=jnp.asarray(boards), players=jnp.asarray(players), d0=jnp.asarray(d0),
-        tables=tables, ref=TablesRef(tables), name=name,
+        boards=jnp.asarray(boards), players=jnp.asarray(players), boxes=jnp.asarray(boxes),
+        d0=jnp.asarray(d0), tables=tables, ref=TablesRef(tables), name=name,
     )
 
 
@@ -156,6 +158,7 @@ def init(level: Level | LevelBank, index: int | None = None) -> State:
     dist = _start_distance(level.board, keys, np.asarray(ref.tables.dists))
     return State(
         board=jnp.asarray(level.board), player=jnp.asarray(player, jnp.int8),
+        boxes=jnp.asarray(np.flatnonzero(np.isin(flat, (BOX, BOX_T))), jnp.int8),
         level=jnp.asarray(0, jnp.int32), distance=jnp.asarray(dist, jnp.int16), tables=ref,
     )
 
@@ -164,7 +167,8 @@ def init_batch(bank: LevelBank, indices: jax.Array) -> State:
     """Start states for level ``indices`` (any shape) of ``bank``; jittable, bank may be traced."""
     idx = jnp.asarray(indices, jnp.int32)
     return State(
-        board=bank.boards[idx], player=bank.players[idx], level=idx, distance=bank.d0[idx], tables=bank.ref
+        board=bank.boards[idx], player=bank.players[idx], boxes=bank.boxes[idx], level=idx,
+        distance=bank.d0[idx], tables=bank.ref,
     )
 
 

@@ -48,7 +48,6 @@ class Tables:
     dists: jax.Array  # int16 [T]
     offsets: jax.Array  # int32 [L]
     counts: jax.Array  # int32 [L]
-    binom: jax.Array  # int32 [N, num_boxes + 1]: C(c, k) for the state key
     search_steps: int = struct.field(pytree_node=False)  # binary-search iterations (static)
 
 
@@ -70,6 +69,7 @@ class State:
 
     board: jax.Array  # int8 [H, W] cell codes (text.SYMBOLS order)
     player: jax.Array  # int8: flat cell index r * W + c
+    boxes: jax.Array  # int8 [num_boxes]: flat box cells, sorted ascending (gives the state key cheaply)
     level: jax.Array  # int32: index of the level in its tables
     distance: jax.Array  # int16: exact shortest distance to solution; 0 solved, −1 dead
     tables: TablesRef | None = struct.field(pytree_node=False, default=None)
@@ -98,13 +98,11 @@ class Outcome:
 
 def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) -> Tables:
     """Build device ``Tables`` from host arrays (see ``solver.distance_table``)."""
-    from envs.sokoban.solver import binomial_table  # host-only helper
+    from envs.sokoban.text import check_encodable
 
+    check_encodable(num_cells, 1, num_boxes)
     counts = np.asarray(counts, np.int32)
     max_count = int(counts.max()) if counts.size else 0
-    binom = binomial_table(num_cells, num_boxes)
-    if binom.max(initial=0) * num_cells > np.iinfo(np.int32).max:
-        raise ValueError("room too large for int32 state keys")
     keys = np.asarray(keys, np.int32)
     if keys.size == 0:  # keep gathers well-defined for tables with no solvable state
         keys, dists = np.full(1, np.iinfo(np.int32).max, np.int32), np.zeros(1, np.int16)
@@ -113,19 +111,35 @@ def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) ->
         dists=jnp.asarray(np.asarray(dists, np.int16)),
         offsets=jnp.asarray(np.asarray(offsets, np.int32)),
         counts=jnp.asarray(counts),
-        binom=jnp.asarray(binom.astype(np.int32)),
         search_steps=max(1, max_count.bit_length() + 1),
     )
 
 
-def state_key(binom: jax.Array, board: jax.Array, player: jax.Array) -> jax.Array:
-    """int32 key ``rank(boxes) * N + player`` (combinatorial rank of the box cells, via a cumsum)."""
-    flat = board.reshape(-1)
-    n, kmax = binom.shape
-    is_box = (flat == BOX) | (flat == BOX_T)
-    ordinal = jnp.clip(jnp.cumsum(is_box.astype(jnp.int32)), 0, kmax - 1)
-    contrib = jnp.where(is_box, binom[jnp.arange(n), ordinal], 0)
-    return contrib.sum(dtype=jnp.int32) * n + player.astype(jnp.int32)
+def sort_boxes(boxes: jax.Array) -> jax.Array:
+    """Sort a handful of box cells with an odd-even transposition network (no XLA sort call)."""
+    cells = [boxes[i] for i in range(boxes.shape[0])]
+    for r in range(len(cells)):
+        for i in range(r % 2, len(cells) - 1, 2):
+            a, b = cells[i], cells[i + 1]
+            cells[i], cells[i + 1] = jnp.minimum(a, b), jnp.maximum(a, b)
+    return jnp.stack(cells) if cells else boxes
+
+
+def state_key(boxes: jax.Array, player: jax.Array, num_cells: int) -> jax.Array:
+    """int32 key ``rank(boxes) * N + player``; ``rank = sum_k C(b_k, k + 1)`` over the sorted box cells.
+
+    Binomials are computed arithmetically (``C(c, j) = C(c, j-1) * (c - j + 1) / j``, exact in int32 for
+    every room ``text.check_encodable`` accepts), so the key costs a few multiplies, no gathers.
+    """
+    b = boxes.astype(jnp.int32)
+    rank = jnp.int32(0)
+    for k in range(b.shape[0]):
+        c = b[k]
+        binom = jnp.int32(1)
+        for j in range(1, k + 2):
+            binom = binom * jnp.maximum(c - j + 1, 0) // j
+        rank = rank + binom
+    return rank * num_cells + player.astype(jnp.int32)
 
 
 def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
@@ -149,11 +163,11 @@ def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
 
 def distance_of(tables: Tables, state: State) -> jax.Array:
     """Exact shortest distance to solution of ``state`` (−1 dead), via the tables."""
-    return lookup(tables, state.level, state_key(tables.binom, state.board, state.player))
+    return lookup(tables, state.level, state_key(state.boxes, state.player, state.board.size))
 
 
-def _move(tables: Tables, board, player, level, move):
-    """One primitive move on a flat board; returns (board, player, changed, pushed_on, pushed_off, dist)."""
+def _move(tables: Tables, board, player, boxes, level, move):
+    """One primitive move; returns (board, player, boxes, changed, pushed_on, pushed_off, distance)."""
     h, w = board.shape
     flat = board.reshape(-1)
     n = flat.shape[0]
@@ -183,8 +197,9 @@ def _move(tables: Tables, board, player, level, move):
     on = push & (v2 == TARGET)
     off = push & (v1 == BOX_T)
     new_board = new.reshape(h, w)
-    dist = lookup(tables, level, state_key(tables.binom, new_board, new_player))
-    return new_board, new_player, moved, on, off, dist
+    new_boxes = sort_boxes(jnp.where(push & (boxes.astype(jnp.int32) == i1), i2, boxes).astype(jnp.int8))
+    dist = lookup(tables, level, state_key(new_boxes, new_player, n))
+    return new_board, new_player, new_boxes, moved, on, off, dist
 
 
 def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Outcome]:
@@ -192,10 +207,10 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
     moves = jnp.asarray(moves, jnp.int32)
 
     def one(carry, move):
-        board, player, dist, reward, applied, invalid = carry
+        board, player, boxes, dist, reward, applied, invalid = carry
         bad = (move < 0) | (move > 4)
         active = (dist > 0) & ~bad & (move != 0)
-        nb, npl, moved, on, off, nd = _move(tables, board, player, state.level, move)
+        nb, npl, nbx, moved, on, off, nd = _move(tables, board, player, boxes, state.level, move)
         moved = moved & active
         reward = reward + jnp.where(active, MOVE_PENALTY, 0.0)
         reward = reward + jnp.where(moved & on, BOX_ON_REWARD, 0.0)
@@ -204,6 +219,7 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
         carry = (
             jnp.where(moved, nb, board),
             jnp.where(moved, npl, player),
+            jnp.where(moved, nbx, boxes),
             jnp.where(moved, nd, dist),
             reward,
             applied + moved.astype(jnp.int32),
@@ -211,9 +227,10 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
         )
         return carry, None
 
-    init = (state.board, state.player, state.distance, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
-    (board, player, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
-    new_state = state.replace(board=board, player=player, distance=dist)
+    init = (state.board, state.player, state.boxes, state.distance, jnp.float32(0.0), jnp.int32(0),
+            jnp.int32(0))
+    (board, player, boxes, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
+    new_state = state.replace(board=board, player=player, boxes=boxes, distance=dist)
     outcome = Outcome(
         reward=reward.astype(jnp.float32),
         solved=dist == 0,
@@ -237,7 +254,8 @@ def step(state: State, moves: jax.Array) -> tuple[State, Outcome]:
 def optimal_moves_with(tables: Tables, state: State) -> jax.Array:
     """bool[4] for moves 1…4 (up, down, left, right): True where the move starts a shortest solution."""
     outs = [
-        _move(tables, state.board, state.player, state.level, jnp.int32(m))[5] for m in range(1, 5)
+        _move(tables, state.board, state.player, state.boxes, state.level, jnp.int32(m))[6]
+        for m in range(1, 5)
     ]
     dist = jnp.stack(outs)
     return (state.distance > 0) & (dist >= 0) & (dist == state.distance - 1)

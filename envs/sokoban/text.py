@@ -20,9 +20,14 @@ _ROW_PREFIX = re.compile(r"^\s*\d+\s*:")
 
 
 def check_encodable(height: int, width: int, num_boxes: int) -> None:
-    """Raise ``ValueError`` unless the room fits the int32 state key used by the distance tables."""
+    """Raise ``ValueError`` unless the room fits the int32 state key used by the distance tables.
+
+    Needs ``C(N, boxes) * N < 2^31`` (``N = H * W``) and every intermediate ``C(c, j) * j`` of the
+    arithmetic binomials in ``rules.state_key`` below 2^31.
+    """
     cells = height * width
-    if comb(cells, num_boxes) * cells > MAX_KEY:
+    worst = max((comb(c, j) * j for c in range(cells) for j in range(1, num_boxes + 1)), default=0)
+    if comb(cells, num_boxes) * cells > MAX_KEY or worst > MAX_KEY:
         raise ValueError(
             f"room {height}x{width} with {num_boxes} boxes is too large for the int32 state key "
             f"(need C(H*W, boxes) * H*W < 2^31)"
