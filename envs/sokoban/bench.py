@@ -1,0 +1,160 @@
+"""Speed figures for Sokoban (called by ``retrojax bench envs``), and the Jumanji anchor.
+
+``sokoban.steps_per_s.B`` counts primitive moves per second for ``jit(lax.scan(vmap(step)))`` over 100
+turns of 3 uniformly random moves on B trials (moves drawn before timing); a trial that is solved or dead
+is put back to its start state inside the scan (a select), so every turn steps live rooms — exact
+dead/distance lookups included. ``jumanji.sokoban.steps_per_s.B`` runs Jumanji's Sokoban
+(``ToyGenerator``) the same way with 300 primitive steps, so both count the same unit.
+``sokoban.rewind_us_per_trial`` restores ``C_j`` for 1024 trials at once from a batched trail;
+``sokoban.deepcopy_rewind_us_per_trial`` is ``copy.deepcopy`` of 1024 plain numpy Sokoban objects (the way
+upstream code checkpoints). ``sokoban.generate_s_per_level`` includes the exact distance table;
+``sokoban.solve_ms_per_state`` is the host BFS from a level's start. Times are the best of a few runs.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import envs.sokoban as sk
+from envs.trail import trail_init, trail_push, trail_rewind
+
+BATCHES = (1, 64, 1024, 4096)
+TURNS = 100
+MOVES_PER_TURN = 3
+REWIND_TRIALS = 1024
+REWIND_CAPACITY = 21
+JUMANJI_NOTE = (
+    "note: Jumanji's Sokoban (ToyGenerator) uses 10x10 grids and has no dead-state detection; ours are "
+    "the split's rooms with an exact dead/distance table lookup after every primitive move."
+)
+
+
+def _time(fn: Callable[[], object], reps: int) -> float:
+    """Best wall time of ``reps`` calls after one warm-up call (which also compiles)."""
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _select(mask: jax.Array, a, b):
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(mask.reshape(-1, *([1] * (x.ndim - 1))), x, y), a, b)
+
+
+def _rollout(step_fn: Callable, done_fn: Callable) -> Callable:
+    def run(start, actions):
+        def body(states, act):
+            new, out = jax.vmap(step_fn)(states, act)
+            reward, done = done_fn(new, out)
+            return _select(done, start, new), jnp.sum(reward)
+
+        return jax.lax.scan(body, start, actions)
+
+    return jax.jit(run)
+
+
+def _bank(quick: bool) -> sk.LevelBank:
+    return sk.generate(3, 16) if quick else sk.load_split("sokoban-6x6-2:train")
+
+
+def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
+    run = _rollout(sk.step, lambda s, o: (o.reward, o.solved | o.dead))
+    out = {}
+    for b in BATCHES:
+        start = sk.init_batch(bank, jnp.arange(b) % len(bank))
+        moves = jax.random.randint(jax.random.key(b), (TURNS, b, MOVES_PER_TURN), 1, 5, jnp.int32)
+        secs = _time(lambda start=start, moves=moves: run(start, moves), 2 if quick else 5)
+        out[f"sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs
+    return out
+
+
+def _rewind_us(bank: sk.LevelBank, quick: bool) -> float:
+    states = sk.init_batch(bank, jnp.arange(REWIND_TRIALS) % len(bank))
+    trails = jax.vmap(trail_init, in_axes=(0, None))(states, REWIND_CAPACITY)
+    push = jax.jit(jax.vmap(trail_push))
+    step = jax.jit(jax.vmap(sk.step))
+    key = jax.random.key(0)
+    for _ in range(REWIND_CAPACITY - 1):
+        key, sub = jax.random.split(key)
+        states, _ = step(states, jax.random.randint(sub, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32))
+        trails, _ = push(trails, states)
+    targets = jax.random.randint(key, (REWIND_TRIALS,), 0, REWIND_CAPACITY, jnp.int32)
+    rewind = jax.jit(jax.vmap(trail_rewind))
+    secs = _time(lambda: rewind(trails, targets), 5 if quick else 20)
+    return secs / REWIND_TRIALS * 1e6
+
+
+class NumpySokoban:
+    """The shape of an upstream gym-sokoban environment's state, for the deepcopy comparison."""
+
+    def __init__(self, board: np.ndarray):
+        self.room_fixed = np.where(np.isin(board, (2, 4, 6)), 2, np.where(board == 0, 0, 1)).astype(np.int64)
+        self.room_state = board.astype(np.int64)
+        self.player_position = np.argwhere(np.isin(board, (5, 6)))[0]
+        boxes = [tuple(p) for p in np.argwhere(np.isin(board, (3, 4)))]
+        self.box_mapping = {b: b for b in boxes}
+        self.num_boxes = len(boxes)
+        self.boxes_on_target = int((board == 4).sum())
+        self.num_env_steps = 0
+        self.reward_last = 0.0
+        self.max_steps = 120
+        self.dim_room = board.shape
+
+
+def _deepcopy_us(bank: sk.LevelBank, quick: bool) -> float:
+    boards = np.asarray(bank.boards)
+    envs = [NumpySokoban(boards[i % len(boards)]) for i in range(REWIND_TRIALS)]
+    best = float("inf")
+    for _ in range(2 if quick else 5):
+        t0 = time.perf_counter()
+        copies = [copy.deepcopy(e) for e in envs]
+        best = min(best, time.perf_counter() - t0)
+    assert len(copies) == REWIND_TRIALS
+    return best / REWIND_TRIALS * 1e6
+
+
+def measure(quick: bool = False) -> dict[str, float]:
+    """All ``sokoban.*`` figures (``quick``: a small generated bank and fewer repetitions)."""
+    bank = _bank(quick)
+    out = _steps_per_s(bank, quick)
+    out["sokoban.rewind_us_per_trial"] = _rewind_us(bank, quick)
+    out["sokoban.deepcopy_rewind_us_per_trial"] = _deepcopy_us(bank, quick)
+    n = 4 if quick else 16
+    t0 = time.perf_counter()
+    sk.generate(101, n, dim=(6, 6), num_boxes=2)
+    out["sokoban.generate_s_per_level"] = (time.perf_counter() - t0) / n
+    levels = [bank.level(i) for i in range(min(len(bank), 8 if quick else 64))]
+    t0 = time.perf_counter()
+    for level in levels:
+        sk.solve(level)
+    out["sokoban.solve_ms_per_state"] = (time.perf_counter() - t0) / len(levels) * 1e3
+    return out
+
+
+def measure_jumanji(quick: bool = False) -> dict[str, float]:
+    """``jumanji.sokoban.steps_per_s.*`` with the same rollout; {} (and a printed note) without jumanji."""
+    try:
+        from jumanji.environments import Sokoban
+        from jumanji.environments.routing.sokoban.generator import ToyGenerator
+    except Exception as err:  # jumanji is an optional extra; any import failure means "not measured"
+        print(f"note: jumanji Sokoban not measured ({type(err).__name__}: {err})")
+        return {}
+    env = Sokoban(generator=ToyGenerator())
+    run = _rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
+    out = {}
+    for b in BATCHES:
+        start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
+        actions = jax.random.randint(jax.random.key(b), (TURNS * MOVES_PER_TURN, b), 0, 4, jnp.int32)
+        secs = _time(lambda start=start, actions=actions: run(start, actions), 2 if quick else 5)
+        out[f"jumanji.sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs
+    print(JUMANJI_NOTE)
+    return out
