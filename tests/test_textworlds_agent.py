@@ -65,6 +65,17 @@ def test_splits_and_action_parsing(tmp_path):
     env.close()
 
 
+def test_registered_configs_load():
+    for name in ("scienceworld", "scienceworld_tiny", "alfworld", "alfworld_tiny", "alfworld_data"):
+        cfg = config.load(f"configs/{name}.yaml")
+        assert cfg.env.name in ("scienceworld", "alfworld") and cfg.trial.max_calls >= 1
+    env = make_env(config.load("configs/alfworld_tiny.yaml"))
+    assert env.num_tasks == 6 and env.split == "alfworld-gen:train"
+    assert env.format_action("look").startswith("```action")
+    with pytest.raises(ValueError, match="data_dir"):
+        make_env(config.load("configs/alfworld_data.yaml"), "alfworld-data:test")
+
+
 def test_alfworld_oracle_solves_with_fenced_actions_and_recovers(tmp_path):
     cfg = cfg_for("alfworld", tmp_path, "trial.max_calls=24", "trial.branch_budget=12")
     tight = cfg_for("alfworld", tmp_path, "trial.max_calls=24", "trial.branch_budget=5")

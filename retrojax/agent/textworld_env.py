@@ -202,6 +202,10 @@ class TextWorldEnv(TrialEnv):
             lines += ["", "Admissible commands: " + "; ".join(adm["actions"]) + "."]
         return "\n".join(lines)
 
+    def format_action(self, text: str) -> str:
+        """``text`` in the reply format this world's prompts ask for (for scripted players)."""
+        return format_action(text, self.action_style)
+
     def parse_action(self, text: str) -> Action:
         rewind = parse.parse_rewind(text)
         if rewind is not None:
