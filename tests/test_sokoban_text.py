@@ -66,6 +66,7 @@ def test_render_parse_round_trip_on_random_rooms(h, w, data):
         ("#P#\n#O#", "at least one box"),
         ("\n  \n", "empty room"),
         ("\n".join(["P" + "X" * 5 + "_" * 94] + ["_" * 100] * 99), "too large"),
+        ("P" + "X" * 30 + "O" * 30 + "_" * 39, "too large"),  # 100 cells, 30 boxes: key overflows int32
     ],
 )
 def test_bad_text_gets_a_clear_error(text, message):

@@ -1,7 +1,8 @@
 """Jittable Sokoban rules (gym-sokoban's): ``step(state, moves) -> (State, Outcome)``.
 
 Design. A ``State`` is what one checkpoint needs and nothing more: the int8 board, the player's flat
-cell, the level's index into its distance tables, and the exact distance to solution (−1 = dead). The
+cell, the sorted box cells (int8, so the state key needs no scan of the board), the level's index into
+its distance tables, and the exact distance to solution (−1 = dead). The
 per-level distance tables (sorted state keys and distances, see ``solver.distance_table``) live in a
 ``Tables`` pytree that is shared, never per checkpoint: pushing a state onto a trail copies a few dozen
 bytes. Two entry points use the same branch-free core:

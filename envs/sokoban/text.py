@@ -15,6 +15,7 @@ import numpy as np
 SYMBOLS = "#_OX√PS"
 WALL, FLOOR, TARGET, BOX, BOX_T, PLAYER, PLAYER_T = range(7)
 MAX_KEY = 2**31 - 1
+MAX_CELLS = 127  # player and box cells are stored as int8 flat indices
 
 _ROW_PREFIX = re.compile(r"^\s*\d+\s*:")
 
@@ -22,10 +23,14 @@ _ROW_PREFIX = re.compile(r"^\s*\d+\s*:")
 def check_encodable(height: int, width: int, num_boxes: int) -> None:
     """Raise ``ValueError`` unless the room fits the int32 state key used by the distance tables.
 
-    Needs ``C(N, boxes) * N < 2^31`` (``N = H * W``) and every intermediate ``C(c, j) * j`` of the
-    arithmetic binomials in ``rules.state_key`` below 2^31.
+    Needs ``N = H * W <= 127`` (int8 cell indices), ``C(N, boxes) * N < 2^31`` and every intermediate
+    ``C(c, j) * j`` of the arithmetic binomials in ``rules.state_key`` below 2^31.
     """
     cells = height * width
+    if cells > MAX_CELLS:
+        raise ValueError(
+            f"room {height}x{width} is too large: {cells} cells, at most {MAX_CELLS} fit int8 cell indices"
+        )
     worst = max((comb(c, j) * j for c in range(cells) for j in range(1, num_boxes + 1)), default=0)
     if comb(cells, num_boxes) * cells > MAX_KEY or worst > MAX_KEY:
         raise ValueError(
