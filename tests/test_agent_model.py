@@ -1,0 +1,85 @@
+"""ModelPolicy: sampler rows mirror the trials' conversations (rewinds included); a tiny random Qwen3
+completes trials within budgets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from retrojax import config
+from retrojax.agent.archive import EXECUTION
+from retrojax.agent.games import SokobanEnv
+from retrojax.agent.policies import ModelPolicy
+from retrojax.agent.prompts import get_prompts
+from retrojax.agent.runner import run_trials
+from retrojax.agent.trial import EXECUTE, Request, TrialSpec, TrialView
+from retrojax.model.qwen3 import PRESETS, Qwen3
+from retrojax.model.tokenizer import train_sentencepiece
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    p = get_prompts("sokoban", "compact")
+    texts = [p.system, p.user, p.reflect_known, p.reflect_choose, p.memory, p.rules,
+             "0: # # # # # #\n1: # _ X O _ #\n2: # _ P _ _ #\n", "<action>up, left</action>",
+             "<remark>the box got stuck</remark>", "rewind to C_1"] * 4
+    tok = train_sentencepiece(texts, 400, tmp_path_factory.mktemp("spm"))
+    model = Qwen3(dataclasses.replace(PRESETS["tiny"], vocab_size=tok.vocab_size))
+    return model, tok
+
+
+def _request(slot: int, ids) -> Request:
+    spec = TrialSpec(trial=slot, task=0, seed=0, replicate=0, protocol="T@3")
+    view = TrialView(spec=spec, slot=slot, kind=EXECUTE, checkpoint=0, targets=(), target=-1, trigger="",
+                     progress=(0.0,), keys=("k",), path=(), state_key="k", remarks=(), calls_left=10,
+                     branch_left=5, last_invalid="")
+    return Request(trial=slot, slot=slot, role=EXECUTION, kind=EXECUTE, prompt_ids=np.asarray(ids, np.int32),
+                   prompt_text="", max_new_tokens=6, view=view)
+
+
+def test_rows_follow_rewound_conversations(tiny):
+    model, tok = tiny
+    policy = ModelPolicy(model, tok, max_len=256, temperature=1.0, seed=3, chunk_buckets=(32, 128))
+    policy.begin([], [0, 1], env=None)
+    a = tok.encode_turn("system", "rules") + tok.encode_turn("user", "board one") + tok.generation_prompt()
+    b = tok.encode_turn("system", "rules") + tok.encode_turn("user", "board two") + tok.generation_prompt()
+    g1, g2 = policy.generate([_request(0, a), _request(1, b)])
+    for row, prompt, g in ((0, a, g1), (1, b, g2)):
+        assert np.array_equal(policy.sampler.tokens(row), np.concatenate([prompt, g.output_ids]))
+        assert g.logprobs.shape == g.output_ids.shape and np.all(g.logprobs <= 0)
+    # the trial goes on: close the turn, add a user turn
+    a2 = np.concatenate([a, g1.output_ids, tok.end_of_turn(list(g1.output_ids)),
+                         tok.encode_turn("user", "next"), tok.generation_prompt()])
+    (g3,) = policy.generate([_request(0, a2)])
+    assert np.array_equal(policy.sampler.tokens(0)[: a2.size], a2)
+    # a rewind: the conversation returns to the system prompt plus a memory turn
+    cut = len(tok.encode_turn("system", "rules"))
+    a3 = np.concatenate([a[:cut], tok.encode_turn("user", "memory"), tok.generation_prompt()])
+    (g4,) = policy.generate([_request(0, a3)])
+    assert np.array_equal(policy.sampler.tokens(0), np.concatenate([a3, g4.output_ids]))
+    assert np.array_equal(policy.sampler.tokens(1)[: len(b)], b)  # the other row is untouched
+    (g5,) = policy.generate([_request(1, np.arange(300) % 50)])  # no room left: a cut-off empty reply
+    assert g5.finish_reason == "length" and g5.output_ids.size == 0
+
+
+def test_model_policy_smoke_run(tiny):
+    model, tok = tiny
+    cfg = config.load(None, ["trial.max_calls=6", "trial.branch_budget=3", "trial.prompt_style=compact",
+                             "sampler.max_len=2048", "sampler.max_new_tokens=24",
+                             "sampler.max_reflection_tokens=24", "sampler.chunk_buckets=[128, 512]"])
+    policy = ModelPolicy.from_config(cfg, model, tok)
+    env = SokobanEnv("sokoban-6x6-2:test")
+    archive, metrics = run_trials(cfg, policy, task_ids=range(4), seeds=[0], trials_per_task=2,
+                                  protocols=["P@1", "T@1", "T@3"], env=env)
+    env.close()
+    assert len(archive.trials) == 24 and all(t.end_reason for t in archive.trials)
+    for t in archive.trials:
+        calls = [c for c in archive.calls if c.trial == t.trial]
+        assert 1 <= len(calls) == t.calls_execution + t.calls_reflection <= 6
+        for c in calls:
+            assert c.output_ids.size <= 24 and c.logprobs.shape == c.output_ids.shape
+            assert np.all(np.isfinite(c.logprobs)) and np.all(c.logprobs <= 0)
+            assert c.prompt_ids.size > 0 and c.finish_reason in ("stop", "length")
+    assert set(metrics["results"]) == {"P@1", "T@1", "T@3"}
