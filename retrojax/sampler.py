@@ -18,11 +18,14 @@ Bookkeeping (host, numpy): per-row token ids and lengths (:class:`retrojax.sampl
 token of a conversation is *pending* — its keys/values are written by the next append or by the first decode
 step, which needs its logits anyway — so every slot is written exactly once and no logits are stored.
 
-Device (jit, static shapes, cache donated): ``_prefill`` writes up to one bucket of tokens per row
+Device (jit, static shapes, cache donated; the cached forward pass is :mod:`retrojax.sampling.forward`, which
+updates the cache in place and limits attention to a power-of-two window of leading slots that covers the
+listed rows — ``min_window`` up to ``max_len``): ``_prefill`` writes up to one bucket of tokens per row
 (``chunk_buckets``; longer chunks go in several calls), ``_decode`` runs the whole decode in one
 ``lax.while_loop``: sampling (:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via
 per-token automaton tables (:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
-one per chunk bucket, one per (power-of-two max_new_tokens, stop-id count, stop-string table shape).
+per attention window, one per chunk bucket and one per (power-of-two max_new_tokens, stop-id count,
+stop-string table shape).
 
 Capacity: a row holds at most ``max_len`` tokens. ``append`` past it raises :class:`CacheOverflowError` before
 anything is written (check ``room(row)`` first); ``generate`` stops a row that fills up with finish reason
@@ -43,6 +46,7 @@ from flax import nnx
 
 from retrojax.model.qwen3 import KVCache, Qwen3, init_cache
 from retrojax.sampling.distribution import row_keys, sample
+from retrojax.sampling.forward import hidden_cached
 from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
 from retrojax.sampling.stops import (
     StopStringTables,
@@ -97,10 +101,14 @@ class Sampler:
         tokenizer: Any = None,
         chunk_buckets: Sequence[int] = (32, 128, 512, 2048),
         cache_dtype: Any = None,
+        min_window: int = 256,
     ):
         self.config = model.config
         self.book = RowBook(rows, max_len, self.config.vocab_size)
         self.buckets = clip_buckets(chunk_buckets, max_len)
+        if isinstance(min_window, bool) or not isinstance(min_window, int) or min_window <= 0:
+            raise SamplerError(f"min_window must be a positive int, got {min_window!r}")
+        self.min_window = min_window
         self.tokenizer = tokenizer
         self._graphdef, self._state = nnx.split(model)
         self.cache: KVCache = init_cache(self.config, rows, max_len, cache_dtype or model.dtype)
@@ -190,14 +198,16 @@ class Sampler:
             ids = np.zeros((self.rows, width), dtype=np.int32)
             write_start = np.full((self.rows,), self.max_len, dtype=np.int32)
             left: dict[int, tuple[int, np.ndarray]] = {}
+            reach = 1
             for r, (start, toks) in pending.items():
                 part = toks[:width]
                 ids[r, : part.size] = part
                 write_start[r] = start
+                reach = max(reach, start + part.size)
                 if toks.size > width:
                     left[r] = (start + width, toks[width:])
             self.cache = _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids),
-                                  jnp.asarray(write_start))
+                                  jnp.asarray(write_start), window=self._window(reach))
             self.stats["prefill_calls"] += 1
             pending = left
 
@@ -212,7 +222,7 @@ class Sampler:
             pos[r] = self.book.length[r] - 1
             tok[r] = self.book.tokens[r, pos[r]]
         logits, self.cache = _next_logits(self._graphdef, self._state, self.cache, jnp.asarray(tok),
-                                          jnp.asarray(pos))
+                                          jnp.asarray(pos), window=self._window(int(pos[rows].max()) + 1))
         return np.asarray(logits)[rows]
 
     def generate(
@@ -261,11 +271,13 @@ class Sampler:
         for r, strings in zip(rows, row_strings, strict=True):
             applies[r, [all_strings.index(x) for x in strings]] = True
         out_len = pow2_at_least(max(limits), 16)
+        window = self._window(max(int(pos[r] + max(limit[r], 1)) for r in rows))
 
         self.cache, out_ids, out_lp, count, why, steps = _decode(
             self._graphdef, self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
             jnp.asarray(stop_id_arr), table, table_lens, jnp.asarray(applies),
-            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), key, out_len=out_len,
+            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), key,
+            out_len=out_len, window=window,
         )
         out_ids, out_lp, count, why = (np.asarray(x) for x in (out_ids, out_lp, count, why))
         self.stats["decode_calls"] += 1
@@ -274,6 +286,10 @@ class Sampler:
                 for r, lim, strings in zip(rows, limits, row_strings, strict=True)]
 
     # --- host helpers -------------------------------------------------------------------------------
+    def _window(self, reach: int) -> int:
+        """Static attention window covering slots < ``reach``: a power of two >= min_window, <= max_len."""
+        return min(self.max_len, pow2_at_least(reach, self.min_window))
+
     def _nonempty_rows(self, rows: Sequence[int], what: str) -> list[int]:
         rows = self.book.row_list(rows)
         empty = [r for r in rows if self.book.length[r] == 0]
@@ -393,25 +409,26 @@ class Sampler:
 
 
 # --- device functions ----------------------------------------------------------------------------
-def _prefill_impl(graphdef, state, cache: KVCache, ids: jax.Array, write_start: jax.Array) -> KVCache:
+def _prefill_impl(graphdef, state, cache: KVCache, ids: jax.Array, write_start: jax.Array, *,
+                  window: int) -> KVCache:
     """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start == max_len: row untouched)."""
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, state)
     positions = write_start[:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
-    _, cache = model.hidden_cached(ids, positions, cache, write_start)
+    _, cache = hidden_cached(model, ids, positions, cache, write_start, window)
     return cache
 
 
-def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.Array):
+def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.Array, *, window: int):
     """Feed each row's pending token (write_start == max_len: row untouched) and return its logits."""
     TRACES["next_logits"] += 1
     model = nnx.merge(graphdef, state)
-    hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos)
+    hidden, cache = hidden_cached(model, tok[:, None], pos[:, None], cache, pos, window)
     return model.project(hidden[:, 0]), cache
 
 
 def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens, applies,
-                 temperature, top_p, top_k, key, *, out_len: int):
+                 temperature, top_p, top_k, key, *, out_len: int, window: int):
     """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
     TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
@@ -425,7 +442,8 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
     def body(c):
         live = ~c["done"]
         write = jnp.where(live, c["pos"], slots)
-        hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write)
+        hidden, new_cache = hidden_cached(model, c["tok"][:, None], c["pos"][:, None], c["cache"], write,
+                                          window)
         logits = model.project(hidden[:, 0])
         new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)
         new_tok = jnp.where(live, new_tok, 0)
@@ -464,6 +482,8 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
 
 
 # Module-level jits: samplers over models of the same architecture share compilations (graphdef is static).
-_prefill = jax.jit(_prefill_impl, static_argnums=(0,), donate_argnums=(2,))
-_next_logits = jax.jit(_next_logits_impl, static_argnums=(0,), donate_argnums=(2,))
-_decode = jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(2,), static_argnames=("out_len",))
+_prefill = jax.jit(_prefill_impl, static_argnums=(0,), donate_argnums=(2,), static_argnames=("window",))
+_next_logits = jax.jit(_next_logits_impl, static_argnums=(0,), donate_argnums=(2,),
+                       static_argnames=("window",))
+_decode = jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(2,),
+                  static_argnames=("out_len", "window"))

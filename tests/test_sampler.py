@@ -13,10 +13,11 @@ import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
 from retrojax.model.checkpoint import from_pretrained
-from retrojax.model.qwen3 import token_logprobs
+from retrojax.model.qwen3 import init_cache, token_logprobs
 from retrojax.sampler import TRACES, CacheOverflowError, Sampler, SamplerError
+from retrojax.sampling.forward import hidden_cached
 
-ROWS, MAX_LEN, BUCKETS = 4, 64, (8, 32)
+ROWS, MAX_LEN, BUCKETS, MIN_WINDOW = 4, 64, (8, 32), 32  # windows 32 and 64 both get exercised
 
 
 class LetterTokenizer:
@@ -44,7 +45,8 @@ def model(ckpt):
 
 
 def new_sampler(model, tokenizer=None) -> Sampler:
-    return Sampler(model, rows=ROWS, max_len=MAX_LEN, chunk_buckets=BUCKETS, tokenizer=tokenizer)
+    return Sampler(model, rows=ROWS, max_len=MAX_LEN, chunk_buckets=BUCKETS, tokenizer=tokenizer,
+                   min_window=MIN_WINDOW)
 
 
 def prompt(seed: int, n: int) -> np.ndarray:
@@ -234,6 +236,7 @@ def test_bad_arguments_raise_clear_errors(model):
         (lambda: s.generate([0], 4, temperature=0.0, stop_strings=["x"]), "need a tokenizer"),
         (lambda: s.generate([0], 4, temperature=0.0, stop_strings=[""]), "non-empty"),
         (lambda: Sampler(model, rows=0, max_len=8), "rows >= 1"),
+        (lambda: Sampler(model, rows=1, max_len=8, min_window=0), "min_window"),
     ]
     for call, message in cases:
         with pytest.raises(SamplerError, match=message):
@@ -249,5 +252,21 @@ def test_compilations_stay_bounded(model):
         s.append([0, 1], [prompt(n, n), prompt(n + 1, 1 + n % 5)])
     for n in (3, 9, 16):  # one power-of-two output bucket (16)
         s.generate([0, 1], n, temperature=0.0)
-    assert TRACES["prefill"] - before.get("prefill", 0) <= len(BUCKETS)
-    assert TRACES["decode"] - before.get("decode", 0) <= 1
+    windows = 2  # 32 and 64
+    assert TRACES["prefill"] - before.get("prefill", 0) <= len(BUCKETS) * windows
+    assert TRACES["decode"] - before.get("decode", 0) <= windows
+
+
+def test_in_place_cached_forward_equals_the_models(model):
+    cache = init_cache(model.config, 3, 32)
+    ids = jnp.asarray(prompt(80, 30).reshape(3, 10))
+    write_start = jnp.array([0, 5, 32], jnp.int32)  # row 2: nothing written
+    positions = write_start[:, None] + jnp.arange(10)[None]
+    ours, ours_cache = hidden_cached(model, ids, positions, cache, write_start)
+    ref, ref_cache = model.hidden_cached(ids, positions, cache, write_start)
+    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(ours_cache.k), np.asarray(ref_cache.k))
+    np.testing.assert_array_equal(np.asarray(ours_cache.v), np.asarray(ref_cache.v))
+    # a window covering every real query gives the same hidden states for rows 0 and 1
+    windowed, _ = hidden_cached(model, ids, positions, cache, write_start, window=16)
+    np.testing.assert_allclose(np.asarray(windowed)[:2], np.asarray(ref)[:2], atol=1e-6)
