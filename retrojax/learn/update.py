@@ -77,7 +77,7 @@ class Update:
     def _step(self, params: Params, opt_state: Any, batch: dict[str, jax.Array]):
         self.traces += 1
         (loss, metrics), grads = self._grads(params, batch)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
         def apply(_):

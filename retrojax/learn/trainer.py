@@ -1,0 +1,445 @@
+"""The ReTRAIL training loop and ``retrojax train``.
+
+One iteration (one "update" in the config's count): take the next tasks from a seeded task stream, run
+``trials_per_task`` trials per task with the frozen behaviour policy (a ``collect`` function — by default the
+agent runner with a ``ModelPolicy``), compute advantages (host numpy), build bucketed microbatches, check the
+sampler's log-probs against a recomputation, run the jitted update on every microbatch (``epochs`` times),
+log, checkpoint, and evaluate every ``eval.every`` iterations.
+
+Everything the next iteration depends on — params, optimizer state, the iteration count, the JAX key, the task
+stream position — is in the checkpoint, so ``resume`` continues exactly as an uninterrupted run would.
+
+Python API::
+
+    trainer = Trainer(cfg, model, tokenizer)          # or Trainer(cfg, model, collect=my_collect)
+    history = trainer.fit()                           # list of per-iteration metric dicts
+    trainer.export("runs/x/policy")                   # save_pretrained of the current policy
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from retrojax.agent.archive import Archive
+from retrojax.agent.chat import ByteChatTokenizer
+from retrojax.learn.advantages import advantages_from_config
+from retrojax.learn.batch import Microbatch, plan_batches
+from retrojax.learn.checkpoint import TrainCheckpoints
+from retrojax.learn.update import LogProbs, Update, make_optimizer, split_model
+
+
+class Collect(Protocol):
+    """Runs trials with the behaviour policy: ``collect(model, tasks, seed) -> (archive, metrics)``.
+
+    ``tasks`` lists task indices of the training split, one trial group each; every random choice of the
+    collection must follow from ``seed`` (that is what makes ``resume`` exact).
+    """
+
+    def __call__(self, model: Any, tasks: Sequence[int], seed: int) -> tuple[Archive, dict]: ...
+
+
+Evaluate = Callable[[Any, int], dict]  # (model, iteration) -> metrics
+
+
+@dataclasses.dataclass
+class TaskStream:
+    """Tasks in seeded random order, epoch after epoch; ``(epoch, offset)`` is the data position."""
+
+    num_tasks: int
+    seed: int
+    epoch: int = 0
+    offset: int = 0
+
+    def _order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_tasks)
+
+    def take(self, n: int) -> list[int]:
+        if self.num_tasks < 1:
+            raise ValueError("the task stream has no tasks")
+        out: list[int] = []
+        while len(out) < n:
+            order = self._order(self.epoch)
+            k = min(n - len(out), self.num_tasks - self.offset)
+            out.extend(int(t) for t in order[self.offset:self.offset + k])
+            self.offset += k
+            if self.offset >= self.num_tasks:
+                self.epoch, self.offset = self.epoch + 1, 0
+        return out
+
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+
+def _to_device(mb: Microbatch) -> dict[str, jax.Array]:
+    return {k: jnp.asarray(v) for k, v in mb.arrays.items()}
+
+
+def _mean_metrics(items: list[dict[str, Any]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for k in items[0] if items else ():
+        out[k] = float(np.mean([float(m[k]) for m in items]))
+    return out
+
+
+class Trainer:
+    """ReTRAIL's learner around one policy model (see the module docstring)."""
+
+    def __init__(self, cfg: Any, model: Any, tokenizer: Any = None, *, collect: Collect | None = None,
+                 evaluate: Evaluate | None = None, num_tasks: int | None = None,
+                 out_dir: str | Path | None = None, tensorboard: bool = True, progress: bool = True):
+        self.cfg = cfg
+        self.learn = cfg.learn
+        self.tokenizer = tokenizer
+        self.out_dir = Path(out_dir or cfg.run.out_dir)
+        self.progress = progress
+        self.collect = collect if collect is not None else default_collect(cfg, tokenizer)
+        self.evaluate = evaluate if evaluate is not None else default_evaluate(cfg, tokenizer)
+        if num_tasks is None:
+            env = getattr(self.collect, "env", None)
+            num_tasks = int(env.num_tasks) if env is not None else train_split_size(cfg)
+        self.graphdef, self.template, params = split_model(model)
+        total = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
+        self.tx, self.schedule = make_optimizer(self.learn, total)
+        self.update = Update(self.graphdef, self.template, self.tx, clip_eps=self.learn.clip_eps,
+                             clip_eps_high=self.learn.clip_eps_high, kl_coef=self.learn.kl_coef,
+                             chunk=self.learn.logprob_chunk)
+        self.logprobs = LogProbs(self.graphdef, self.template, chunk=self.learn.logprob_chunk)
+        self.params = params
+        self.opt_state = self.tx.init(params)
+        self.ref_params = jax.tree.map(jnp.copy, params) if self.learn.kl_coef > 0 else None
+        self.iteration = 0
+        self.optimizer_steps = 0
+        self.key = jax.random.PRNGKey(cfg.run.seed)
+        self.tasks = TaskStream(num_tasks, cfg.run.seed)
+        self.history: list[dict[str, float]] = []
+        self._ckpt: TrainCheckpoints | None = None
+        self._writer: Any = None
+        self._tensorboard = tensorboard
+        if self.learn.old_logprobs not in ("sampler", "recompute"):
+            raise ValueError(f"learn.old_logprobs must be sampler | recompute, "
+                             f"got {self.learn.old_logprobs!r}")
+
+    # --- the policy ------------------------------------------------------------------------------
+    def model(self) -> Any:
+        """The current policy as an nnx module (a fresh merge; safe to hand to a sampler)."""
+        state = jax.tree.map(lambda x: x, self.template)
+        nnx.replace_by_pure_dict(state, self.params)
+        return nnx.merge(self.graphdef, state)
+
+    def export(self, path: str | Path) -> Path:
+        """Write the current policy as a Hugging Face checkpoint directory."""
+        from retrojax.model.checkpoint import save_pretrained
+
+        save_pretrained(self.model(), path)
+        return Path(path)
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    @property
+    def checkpoints(self) -> TrainCheckpoints:
+        if self._ckpt is None:
+            self._ckpt = TrainCheckpoints(self.out_dir / "checkpoints", keep=self.cfg.run.keep_checkpoints)
+        return self._ckpt
+
+    def save(self) -> None:
+        meta = {"iteration": self.iteration, "optimizer_steps": self.optimizer_steps,
+                "key": np.asarray(jax.random.key_data(self.key)).tolist(), "tasks": self.tasks.position()}
+        self.checkpoints.save(self.iteration, self.params, self.opt_state, meta)
+
+    def restore(self, step: int | None = None) -> bool:
+        """Load the latest (or ``step``) checkpoint; False if there is none."""
+        if self.checkpoints.latest_step() is None and step is None:
+            return False
+        self.params, self.opt_state, meta = self.checkpoints.restore(self.params, self.opt_state, step)
+        self.iteration = int(meta["iteration"])
+        self.optimizer_steps = int(meta["optimizer_steps"])
+        self.key = jnp.asarray(np.asarray(meta["key"], np.uint32))
+        self.tasks.epoch, self.tasks.offset = int(meta["tasks"]["epoch"]), int(meta["tasks"]["offset"])
+        self.history = [h for h in self._read_log() if h.get("iteration", 0) <= self.iteration]
+        return True
+
+    # --- one iteration ---------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        """Collect trials, compute advantages, run the update(s); returns this iteration's metrics."""
+        t0 = time.perf_counter()
+        self.key, sub = jax.random.split(self.key)
+        tasks = self.tasks.take(self.learn.tasks_per_update)
+        seed = int(jax.random.randint(sub, (), 0, 2**31 - 1))
+        archive, rollout = self.collect(self.model(), tasks, seed)
+        t1 = time.perf_counter()
+        adv = advantages_from_config(archive, self.learn)
+        rng = np.random.default_rng([self.cfg.run.seed, self.iteration])
+        lc = self.learn
+        plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
+                            max_batch_tokens=lc.max_batch_tokens, minibatches=lc.minibatches,
+                            chain=lc.chain_segments, rng=rng)
+        batches = [_to_device(mb) for mb in plan.microbatches]
+        check = self._prepare(batches)
+        step_metrics: list[dict[str, Any]] = []
+        for _ in range(self.learn.epochs):
+            for b in batches:
+                self.params, self.opt_state, m = self.update(self.params, self.opt_state, b)
+                step_metrics.append(m)
+                self.optimizer_steps += 1
+        t2 = time.perf_counter()
+        self.iteration += 1
+        metrics: dict[str, float] = {"iteration": float(self.iteration),
+                                     "lr": float(self.schedule(max(self.optimizer_steps - 1, 0)))}
+        metrics.update({f"train/{k}": v for k, v in _mean_metrics(jax.device_get(step_metrics)).items()})
+        if step_metrics:
+            metrics["train/skipped_steps"] = float(sum(float(m["skipped"]) for m in step_metrics))
+        metrics.update(adv.stats)
+        metrics.update(plan.stats)
+        metrics.update(check)
+        metrics.update({f"rollout/{k}": float(v) for k, v in rollout.items() if _is_number(v)})
+        metrics.update({"time/collect_s": t1 - t0, "time/learn_s": t2 - t1})
+        return metrics
+
+    def _prepare(self, batches: list[dict[str, jax.Array]]) -> dict[str, float]:
+        """Check sampler log-probs against θ_old; optionally replace them, and add reference log-probs."""
+        gaps: list[np.ndarray] = []
+        for b in batches:
+            if self.learn.check_logprobs or self.learn.old_logprobs == "recompute":
+                lp = self.logprobs(self.params, b)
+                mask = b["exec_mask"] | b["ref_mask"]
+                gaps.append(np.asarray(jnp.abs(lp - b["old_logprobs"])[mask]))
+                if self.learn.old_logprobs == "recompute":
+                    b["old_logprobs"] = jnp.where(mask, lp, 0.0)
+            if self.ref_params is not None:
+                b["ref_logprobs"] = self.logprobs(self.ref_params, b)
+        if not gaps:
+            return {}
+        g = np.concatenate(gaps) if gaps else np.zeros(0)
+        if g.size == 0:
+            return {}
+        return {"check/logprob_gap_mean": float(g.mean()), "check/logprob_gap_max": float(g.max())}
+
+    # --- the loop --------------------------------------------------------------------------------
+    def fit(self, updates: int | None = None, *, resume: bool = False,
+            stop_after: int | None = None) -> list[dict[str, float]]:
+        """Run until ``updates`` iterations in total (default ``learn.updates``); returns the history.
+
+        ``resume`` first loads the latest checkpoint. ``stop_after`` ends the call after that many iterations
+        of this call (used to simulate a killed run).
+        """
+        total = self.learn.updates if updates is None else updates
+        if resume:
+            self.restore()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=1))
+        bar = _progress(total, self.iteration, self.progress)
+        done = 0
+        try:
+            while self.iteration < total and (stop_after is None or done < stop_after):
+                metrics = self.step()
+                every = self.cfg.eval.every
+                due = (every > 0 and self.iteration % every == 0) or self.iteration == total
+                if self.evaluate is not None and due:
+                    found = self.evaluate(self.model(), self.iteration)
+                    metrics.update({f"eval/{k}": float(v) for k, v in found.items() if _is_number(v)})
+                self._log(metrics)
+                ce = max(1, self.learn.checkpoint_every)
+                if self.iteration % ce == 0 or self.iteration == total:
+                    self.save()
+                done += 1
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4f}")
+        finally:
+            if bar is not None:
+                bar.close()
+            if self._writer is not None:
+                self._writer.flush()
+        return self.history
+
+    def close(self) -> None:
+        closer = getattr(self.collect, "close", None)
+        if callable(closer):
+            closer()
+        if self._ckpt is not None:
+            self._ckpt.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    # --- logs ------------------------------------------------------------------------------------
+    def _log(self, metrics: dict[str, float]) -> None:
+        self.history.append(metrics)
+        with (self.out_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(metrics) + "\n")
+        if self._tensorboard:
+            if self._writer is None:
+                from tensorboardX import SummaryWriter
+
+                self._writer = SummaryWriter(str(self.out_dir / "tb"))
+            for k, v in metrics.items():
+                if k != "iteration":
+                    self._writer.add_scalar(k, v, self.iteration)
+
+    def _read_log(self) -> list[dict[str, float]]:
+        path = self.out_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def _progress(total: int, start: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=start, desc="train", unit="update")
+
+
+# ----------------------------------------------------------------------------------------------
+# Defaults wired to the agent runner and the model package
+# ----------------------------------------------------------------------------------------------
+
+
+def train_split_size(cfg: Any) -> int:
+    """Number of tasks in the training split of ``cfg.env`` (capped by ``env.num_tasks``)."""
+    from retrojax.agent.env_api import make_env
+
+    env = make_env(cfg, _split(cfg, "train"))
+    try:
+        return int(env.num_tasks)
+    finally:
+        env.close()
+
+
+def _split(cfg: Any, part: str) -> str:
+    return f"{cfg.env.split.split(':')[0]}:{part}"
+
+
+class RunnerCollect:
+    """The default ``collect``: trials of the training split through the agent runner with a ``ModelPolicy``.
+
+    The world and the policy's sampler are built once and reused; each call points the policy at the new
+    weights and restarts its sampling key from ``seed``.
+    """
+
+    def __init__(self, cfg: Any, tokenizer: Any):
+        from retrojax.agent.env_api import make_env
+
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.env = make_env(cfg, _split(cfg, "train"))
+        self.policy: Any = None
+
+    def __call__(self, model: Any, tasks: Sequence[int], seed: int) -> tuple[Archive, dict]:
+        from retrojax.agent.policies import ModelPolicy
+        from retrojax.agent.runner import run_trials
+
+        if self.policy is None:
+            self.policy = ModelPolicy.from_config(self.cfg, model, self.tokenizer)
+        else:
+            self.policy.model = model
+            if self.policy.sampler is not None:
+                self.policy.sampler.update_model(model)
+        self.policy.seed, self.policy.ticks = int(seed), 0
+        archive, metrics = run_trials(self.cfg, self.policy, task_ids=tasks, seeds=[int(seed)],
+                                      protocols=[self.cfg.trial.protocol], env=self.env)
+        return archive, _flatten(metrics)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of a nested report dict as ``a/b/c`` keys."""
+    out: dict[str, float] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}/"))
+    elif _is_number(d):
+        out[prefix[:-1]] = float(d)
+    return out
+
+
+def default_collect(cfg: Any, tokenizer: Any) -> Collect:
+    return RunnerCollect(cfg, tokenizer)
+
+
+def default_evaluate(cfg: Any, tokenizer: Any) -> Evaluate | None:
+    """Success per protocol of ``cfg.eval`` on the test split (``eval.every < 0`` turns evaluation off)."""
+    if cfg.eval.every < 0:
+        return None
+
+    def evaluate(model: Any, iteration: int) -> dict:
+        from retrojax.agent.policies import ModelPolicy
+        from retrojax.eval.protocol import evaluate as run_eval
+
+        policy = ModelPolicy.from_config(cfg, model, tokenizer)
+        report = run_eval(cfg, policy, _split(cfg, "test"), list(cfg.eval.protocols), cfg.eval.seeds,
+                          tasks=cfg.eval.num_tasks)
+        return {f"{name}/{k}": v for name, r in report["results"].items() for k, v in _flatten(r).items()}
+
+    return evaluate
+
+
+class ByteTokenizer(ByteChatTokenizer):
+    """The agent loop's byte-level chat tokenizer plus the byte table the sampler's stop strings need
+    (for tiny configs without a tokenizer directory)."""
+
+    def token_bytes(self, vocab_size: int) -> list[bytes]:
+        return [bytes([i]) if i < 256 else b"" for i in range(vocab_size)]
+
+
+def build_model(cfg: Any) -> Any:
+    """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset."""
+    from retrojax.model import PRESETS, Qwen3
+
+    dtype = jnp.dtype(cfg.model.dtype)
+    if cfg.model.path:
+        from retrojax.model.checkpoint import from_pretrained
+
+        return from_pretrained(cfg.model.path, dtype=dtype)
+    if cfg.model.preset not in PRESETS:
+        raise ValueError(f"model.preset {cfg.model.preset!r} is not one of {sorted(PRESETS)}")
+    return Qwen3(PRESETS[cfg.model.preset], dtype=dtype, rngs=nnx.Rngs(cfg.model.seed),
+                 remat=cfg.learn.remat)
+
+
+def build_tokenizer(cfg: Any) -> Any:
+    """``model.tokenizer`` (or the checkpoint directory); the byte-level tokenizer when neither is set."""
+    path = cfg.model.tokenizer or cfg.model.path
+    if not path:
+        return ByteTokenizer()
+    from retrojax.model.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``retrojax train --config FILE [--set k=v ...] [--resume]``."""
+    from retrojax.config import ConfigError, load
+
+    try:
+        cfg = load(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}")
+        return 2
+    model = build_model(cfg)
+    tokenizer = build_tokenizer(cfg)
+    trainer = Trainer(cfg, model, tokenizer)
+    try:
+        history = trainer.fit(resume=bool(getattr(args, "resume", False)))
+        out = trainer.export(Path(trainer.out_dir) / "policy")
+    finally:
+        trainer.close()
+    last = history[-1] if history else {}
+    shown = {k: v for k, v in last.items() if k.startswith(("train/loss", "rollout/", "eval/"))}
+    print(json.dumps({"iterations": trainer.iteration, "policy": str(out), "last": shown}))
+    return 0
