@@ -1,0 +1,35 @@
+"""The notebooks under notebooks/ run top to bottom without an error, in this interpreter's environment."""
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from jupyter_client.manager import KernelManager
+from nbclient import NotebookClient
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_three_notebooks_are_there():
+    assert [p.name for p in NOTEBOOKS] == [
+        "01_environments_and_rewind.ipynb", "02_trials_and_advantages.ipynb", "03_ablations.ipynb"]
+
+
+def _kernel_manager() -> KernelManager:
+    """A kernel running this very interpreter (the venv's python), whatever ``python`` is on PATH."""
+    km = KernelManager(kernel_name="python3")
+    assert km.format_kernel_cmd()[0] == sys.executable, km.format_kernel_cmd()
+    return km
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs(path, tmp_path):
+    nb = nbformat.read(path, as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks clean"
+    client = NotebookClient(nb, timeout=300, km=_kernel_manager(),
+                            resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+    assert sum(bool(c.outputs) for c in nb.cells if c.cell_type == "code") >= 3
