@@ -21,6 +21,8 @@ through :func:`get_prompts`. Every family must provide the same fields (pinned b
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 import string
 
 STYLES = ("full", "compact")
@@ -65,7 +67,16 @@ def register(key: str, style: str, prompts: PromptSet) -> None:
 
 
 def _load_builtin() -> None:
-    from retrojax.agent.prompts import minesweeper, sokoban  # noqa: F401  (each registers on import)
+    """Import every template module of this package once (each registers its families on import)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_LOADED = False
 
 
 def get_prompts(key: str, style: str = "full") -> PromptSet:
