@@ -67,7 +67,9 @@ def test_split_is_cached_and_train_test_disjoint(tmp_path, monkeypatch):
         raise AssertionError("the cached split should be loaded, not regenerated")
 
     monkeypatch.setattr(levels, "generate_boards", no_generation)
-    again = sk.load_split("sokoban-test-tiny:test")
+    assert sk.load_split("sokoban-test-tiny:test") is test  # same process: the same bank object
+    monkeypatch.setattr(levels, "_LOADED", {})
+    again = sk.load_split("sokoban-test-tiny:test")  # a fresh process reads the disk cache
     assert np.array_equal(np.asarray(again.boards), np.asarray(test.boards))
     assert np.array_equal(np.asarray(again.tables.keys), np.asarray(test.tables.keys))
 

@@ -413,7 +413,8 @@ def _split_boards(name: str, part: str, spec: SplitSpec, directory: Path):
 
 
 def load_split(name: str, cache: str | os.PathLike | None = None) -> LevelBank:
-    """A registered split as a bank, e.g. ``load_split("sokoban-6x6-2:test")`` (generated once, cached)."""
+    """A registered split as a bank, e.g. ``load_split("sokoban-6x6-2:test")`` (generated once, cached on
+    disk, and kept in memory for the rest of the process)."""
     if not isinstance(name, str) or ":" not in name:
         raise ValueError(f"split name must look like 'sokoban-6x6-2:test', got {name!r}")
     base, part = name.rsplit(":", 1)
@@ -421,5 +422,14 @@ def load_split(name: str, cache: str | os.PathLike | None = None) -> LevelBank:
         raise KeyError(f"unknown split {base!r}; registered: {', '.join(sorted(SPLITS))}")
     if part not in ("train", "test"):
         raise ValueError(f"split part must be 'train' or 'test', got {part!r} in {name!r}")
-    boards, keys, dists = _split_boards(base, part, SPLITS[base], cache_dir(cache))
-    return _assemble(np.asarray(boards, np.int8), keys, dists, name)
+    directory = cache_dir(cache)
+    memo_key = (name, SPLITS[base], str(directory.resolve()))
+    if memo_key not in _LOADED:
+        boards, keys, dists = _split_boards(base, part, SPLITS[base], directory)
+        _LOADED[memo_key] = _assemble(np.asarray(boards, np.int8), keys, dists, name)
+    return _LOADED[memo_key]
+
+
+# Banks loaded in this process: loading a split twice returns the same bank (and the same static
+# tables reference), so jitted steps over its states compile once.
+_LOADED: dict[tuple, LevelBank] = {}
