@@ -308,7 +308,9 @@ def from_pretrained(path: str | Path, dtype: Any = jnp.float32, mesh: Mesh | Non
             value = jnp.asarray(arr)
         else:
             axes = tuple(var.get_metadata()["out_sharding"])
-            value = jax.device_put(arr, NamedSharding(mesh, partition_spec(axes, arr.shape, mesh, rules)))
+            sharding = NamedSharding(mesh, partition_spec(axes, arr.shape, mesh, rules))
+            # each process builds only its addressable shards from the host copy (multi-host ready)
+            value = jax.make_array_from_callback(arr.shape, sharding, lambda index, arr=arr: arr[index])
         var.set_value(value)
     return model
 
