@@ -25,6 +25,16 @@ def alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
+def local_world(tmp_path_factory):
+    """An in-process engine (its PyPI wrapper object is ``._env``) shared by the in-process checks."""
+    from envs.textworlds.scienceworld import ScienceWorld
+
+    w = ScienceWorld(cache_dir=str(tmp_path_factory.mktemp("sw-local")))
+    yield w
+    w.close()
+
+
+@pytest.fixture(scope="module")
 def bridge(tmp_path_factory):
     cache = str(tmp_path_factory.mktemp("sw-cache"))
     br = TextWorldBridge("scienceworld", num_workers=2, timeout_s=120.0, world_kwargs={"cache_dir": cache})
@@ -52,7 +62,7 @@ def test_task_names_are_checked():
             parse_task(bad)
 
 
-def test_gold_path_solves_and_fast_path_matches_the_wrapper(bridge):
+def test_gold_path_solves_and_fast_path_matches_the_wrapper(bridge, local_world):
     (o,) = bridge.reset([TASK])
     assert o.ok and o.obs.score == 0.0 and not o.obs.done and "is called the" in o.obs.text
     (g,) = bridge.goal([o.trial])
@@ -63,20 +73,15 @@ def test_gold_path_solves_and_fast_path_matches_the_wrapper(bridge):
     scores = [c.score for c in rec.checkpoints]
     assert scores == sorted(scores) and 0 < len(seen) <= 10
     # the PyPI wrapper's slow env.step sees the same observations and scores along the same path
-    from scienceworld import ScienceWorldEnv
-
-    env = ScienceWorldEnv("", envStepLimit=100)
-    try:
-        name, var = parse_task(TASK)
-        env.load(name, var, "")
-        first, _ = env.reset()
-        assert first == rec.checkpoints[0].text
-        for action, cp in zip(rec.actions, rec.checkpoints[1:], strict=True):
-            text, _, done, info = env.step(action)
-            assert (text, float(info["score"])) == (cp.text, cp.score)
-        assert done
-    finally:
-        env.close()
+    env = local_world._env
+    name, var = parse_task(TASK)
+    env.load(name, var, "")
+    first, _ = env.reset()
+    assert first == rec.checkpoints[0].text
+    for action, cp in zip(rec.actions, rec.checkpoints[1:], strict=True):
+        text, _, done, info = env.step(action)
+        assert (text, float(info["score"])) == (cp.text, cp.score)
+    assert done
     bridge.release([o.trial])
 
 
@@ -119,9 +124,9 @@ def test_killed_worker_and_its_jvm_are_replaced_and_the_trial_finishes_identical
     bridge.release([ref.trial, t])
 
 
-def test_split_uses_scienceworlds_variations_and_caches_them(tmp_path):
-    test = split_tasks(["find-living-thing"], "test", cache_dir=str(tmp_path))
-    train = split_tasks(["find-living-thing"], "train", cache_dir=str(tmp_path))
+def test_split_uses_scienceworlds_variations_and_caches_them(tmp_path, local_world):
+    test = split_tasks(["find-living-thing"], "test", cache_dir=str(tmp_path), world=local_world)
+    train = split_tasks(["find-living-thing"], "train", cache_dir=str(tmp_path))  # from the cache
     assert test and train and not set(test) & set(train)
     assert (tmp_path / "retrojax" / "scienceworld_variations.json").exists()
     with pytest.raises(ValueError, match="unknown ScienceWorld task"):
