@@ -114,6 +114,17 @@ def test_batch_masks_and_weights(setup):
         weight_sum += a["weight"][a["exec_mask"]].sum() / len(plan.microbatches)
     # Execution weights: each task's decisions share 1, tasks are averaged.
     assert weight_sum == pytest.approx(1.0 if n_tasks else 0.0, rel=1e-5)
+    # Zero-advantage calls can be left out (no gradient, no KL): same weights for the others.
+    adv0 = copy.copy(adv)
+    adv0.credits = [dataclasses.replace(adv.credits[0], advantage=0.0), *adv.credits[1:]]
+    lean = plan_batches(arch, adv0, lambda_ref=LAMBDA_REF, seq_buckets=BUCKETS, max_batch_tokens=4096,
+                        skip_zero=True)
+    kept = sum(len(calls[(c.task, c.trial, c.call_index)].output_ids) for c in adv0.credits
+               if c.advantage != 0.0)
+    assert lean.stats["batch/trained_tokens"] == kept < expected_tokens
+    w = np.concatenate([m.arrays["weight"][m.arrays["exec_mask"]] for m in lean.microbatches])
+    full = np.concatenate([m.arrays["weight"][m.arrays["exec_mask"]] for m in plan.microbatches])
+    assert set(np.round(w, 7)) <= set(np.round(full, 7))
 
 
 def test_jitted_loss_equals_numpy_reference(setup):

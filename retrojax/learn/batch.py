@@ -106,8 +106,12 @@ def _row_bucket(n: int) -> int:
 
 
 def build_sequences(archive: Archive, adv: Advantages, *, lambda_ref: float, max_len: int,
-                    chain: bool = True) -> tuple[list[Sequence_], dict[str, float]]:
-    """Training sequences with per-call weights (before microbatch scaling)."""
+                    chain: bool = True, skip_zero: bool = False) -> tuple[list[Sequence_], dict[str, float]]:
+    """Training sequences with per-call weights (before microbatch scaling).
+
+    ``skip_zero`` leaves out calls whose advantage is exactly 0 (their surrogate and gradient are 0; without a
+    KL term they cost compute only). They still count in their task's decision share.
+    """
     credit = {(c.task, c.trial, c.call_index): c for c in adv.credits}
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
     decisions: dict[int, int] = defaultdict(int)
@@ -123,7 +127,7 @@ def build_sequences(archive: Archive, adv: Advantages, *, lambda_ref: float, max
     def span(call: CallRecord, start: int) -> Span | None:
         cr = credit.get((call.task, call.trial, call.call_index))
         n_out = len(call.output_ids)
-        if cr is None or n_out == 0:
+        if cr is None or n_out == 0 or (skip_zero and cr.advantage == 0.0):
             return None
         if cr.role == EXECUTION:
             w = 1.0 / (n_out * decisions[call.task] * n_tasks)
@@ -148,8 +152,9 @@ def build_sequences(archive: Archive, adv: Advantages, *, lambda_ref: float, max
                 dropped += len(ch)
                 continue
             spans = [s for c in ch if (s := span(c, len(c.prompt_ids))) is not None]
-            if spans:
-                seqs.append(Sequence_(tokens, spans, key[0]))
+            if spans:  # the sequence ends with its last trained output
+                end = max(sp.start + len(sp.call.output_ids) for sp in spans)
+                seqs.append(Sequence_(tokens[:end], spans, key[0]))
     if lambda_ref != 0.0:
         for cr in adv.credits:
             if cr.role != REFLECTION:
@@ -194,13 +199,14 @@ def _fill(seqs: list[Sequence_], rows: int, length: int, scale: float) -> dict[s
 
 
 def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_buckets: Sequence[int],
-                 max_batch_tokens: int, minibatches: int = 1, chain: bool = True,
+                 max_batch_tokens: int, minibatches: int = 1, chain: bool = True, skip_zero: bool = False,
                  rng: np.random.Generator | None = None) -> BatchPlan:
     """Microbatches (one optimizer step each) covering every trained call of ``archive``."""
     if minibatches < 1:
         raise ValueError(f"minibatches must be ≥ 1, got {minibatches}")
     max_len = max(seq_buckets)
-    seqs, stats = build_sequences(archive, adv, lambda_ref=lambda_ref, max_len=max_len, chain=chain)
+    seqs, stats = build_sequences(archive, adv, lambda_ref=lambda_ref, max_len=max_len, chain=chain,
+                                  skip_zero=skip_zero)
     for s in seqs:
         for sp in s.spans:
             if len(sp.call.logprobs) < len(sp.call.output_ids):

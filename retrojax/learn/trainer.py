@@ -182,7 +182,7 @@ class Trainer:
         lc = self.learn
         plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
                             max_batch_tokens=lc.max_batch_tokens, minibatches=lc.minibatches,
-                            chain=lc.chain_segments, rng=rng)
+                            chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng)
         batches = [_to_device(mb) for mb in plan.microbatches]
         check = self._prepare(batches)
         step_metrics: list[dict[str, Any]] = []
