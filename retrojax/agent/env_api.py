@@ -42,6 +42,7 @@ most once per call):
   text worlds: the maximum score along the branch including its start.
 - ``expert_actions(slots)`` / ``random_actions(slots, rng, avoid)``: action *texts* for scripted policies
   (the solver's or planner's best next action; a well-formed random action not in ``avoid``).
+- ``action_style`` says how outputs mark their action (``tag`` or ``fence``, see ``parse.extract_action``).
 - ``prompt_key`` and ``prompt_fields(task)`` select and fill the prompt templates
   (``retrojax.agent.prompts``): the key names the template family, the fields carry task facts such as
   the board size or a text world's goal.
@@ -134,6 +135,7 @@ class TrialEnv(abc.ABC):
 
     name: str = "env"
     prompt_key: str = "env"  # template family in retrojax.agent.prompts
+    action_style: str = "tag"  # "tag": <action>…</action>; "fence": a fenced ```action block (parse.py)
 
     @property
     @abc.abstractmethod
