@@ -18,18 +18,19 @@ from envs.minesweeper.rules import state_from_arrays
 def brute_force(revealed: np.ndarray, board: np.ndarray, num_mines: int) -> tuple[np.ndarray, np.ndarray]:
     """Safe/mine masks by checking every placement of the mines on hidden cells against the numbers."""
     h, w = revealed.shape
+    rr, cc = np.divmod(np.arange(h * w), w)
+    adjacent = (np.abs(rr[:, None] - rr[None, :]) <= 1) & (np.abs(cc[:, None] - cc[None, :]) <= 1)
+    np.fill_diagonal(adjacent, False)
     hidden = np.flatnonzero(~revealed.reshape(-1))
-    can_mine = np.zeros(h * w, bool)
-    can_safe = np.zeros(h * w, bool)
-    shown = np.flatnonzero(revealed.reshape(-1))
-    for combo in itertools.combinations(hidden, num_mines):
-        mines = np.zeros(h * w, bool)
-        mines[list(combo)] = True
-        counts = counts_np(mines.reshape(h, w)).reshape(-1)
-        if np.array_equal(counts[shown], board.reshape(-1)[shown]):
-            can_mine |= mines
-            can_safe |= ~mines
-    hid = ~revealed.reshape(-1)
+    combos = np.array(list(itertools.combinations(hidden, num_mines)), np.int64).reshape(-1, num_mines)
+    layouts = np.zeros((len(combos), h * w), bool)
+    layouts[np.arange(len(combos))[:, None], combos] = True
+    counts = layouts.astype(np.int32) @ adjacent.astype(np.int32)
+    shown = revealed.reshape(-1)
+    fits = (counts[:, shown] == board.reshape(-1)[shown]).all(axis=1)
+    can_mine = layouts[fits].any(axis=0)
+    can_safe = (~layouts[fits]).any(axis=0)
+    hid = ~shown
     return (hid & ~can_mine).reshape(h, w), (hid & ~can_safe).reshape(h, w)
 
 

@@ -235,7 +235,29 @@ def test_step_does_not_retrace():
     chex.clear_trace_counter()
 
 
+def test_every_click_matches_flood_fill_on_many_region_boards():
+    # dense and patterned layouts split the blank cells into many regions (up to the 2x2-block bound)
+    rng = np.random.default_rng(1)
+    layouts = [rng.random((6, 6)) < p for p in (0.1, 0.2, 0.3, 0.4) for _ in range(4)]
+    grid = np.zeros((6, 6), bool)
+    grid[1::3, :] = True
+    grid[:, 1::3] = True
+    layouts.append(grid)
+    cells = jnp.asarray([(r, c) for r in range(6) for c in range(6)], jnp.int32)
+    for mines in layouts:
+        board = counts_np(mines)
+        start = hidden_state(mines)
+        batch = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (36, *x.shape)), start)
+        new, out = vstep(batch, cells)
+        for k, (r, c) in enumerate(np.asarray(cells)):
+            want = reveal_np(board, np.zeros((6, 6), bool), r, c)
+            np.testing.assert_array_equal(np.asarray(new.revealed[k]), want)
+            assert int(out.cells_opened[k]) == want.sum()
+
+
 def test_state_is_small():
     state = hidden_state(BOARD)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
-    assert nbytes <= 64 and state.board.dtype == jnp.int8 and state.open_rows.dtype == jnp.uint8
+    assert nbytes <= 160  # 6x6: 36 (counts) + 6 + 6 (bitboards) + 36 + 60 (cascade table)
+    assert state.board.dtype == jnp.int8 and state.zone.dtype == jnp.int8
+    assert state.open_rows.dtype == jnp.uint8 and state.zone_open.dtype == jnp.uint8

@@ -49,20 +49,26 @@ def counts_np(mines: np.ndarray) -> np.ndarray:
 
 
 def reveal_np(board: np.ndarray, revealed: np.ndarray, r: int, c: int) -> np.ndarray:
-    """Host-side reveal with cascade (same rule as ``rules.step``); returns the new revealed mask."""
+    """Host-side reveal with cascade (same rule as ``rules.step``); returns the new revealed mask.
+
+    Revealing a hidden blank cell opens its whole blank region (8-connected) and the region's bordering
+    numbers; an already-open cell changes nothing.
+    """
     h, w = board.shape
     out = np.array(revealed, bool, copy=True)
     if out[r, c]:
         return out
+    seen = np.zeros((h, w), bool)
+    seen[r, c] = True
     stack = [(r, c)]
-    out[r, c] = True
     while stack:
         cr, cc = stack.pop()
+        out[cr, cc] = True
         if board[cr, cc] != 0:
             continue
         for nr, nc in neighbours(cr, cc, h, w):
-            if not out[nr, nc]:
-                out[nr, nc] = True
+            if not seen[nr, nc]:
+                seen[nr, nc] = True
                 stack.append((nr, nc))
     return out
 
