@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+demo: install
+	$(BIN)/retrojax demo
+
 lint: install
 	$(BIN)/ruff check retrojax envs tests
 
