@@ -101,6 +101,26 @@ def test_token_logprobs_chunked_matches_full_and_grads(tiny):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
+def test_blocked_attention_is_exact():
+    from retrojax.model.qwen3 import attend
+
+    kq, kk, kv = jax.random.split(jax.random.key(5), 3)
+    q = jax.random.normal(kq, (2, 10, 4, 8))
+    k = jax.random.normal(kk, (2, 12, 2, 8))
+    v = jax.random.normal(kv, (2, 12, 2, 8))
+    mask = jax.random.bernoulli(jax.random.key(6), 0.7, (2, 10, 12))
+
+    def loss(q, k, v, q_block):
+        return (attend(q, k, v, mask, q_block) ** 2).sum()
+
+    dense = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, 64)
+    blocked = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, 3)
+    for a, b in zip(jax.tree.leaves(dense), jax.tree.leaves(blocked), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    out4, out = attend(q, k, v, mask, 4), attend(q, k, v, mask)
+    np.testing.assert_allclose(np.asarray(out4), np.asarray(out), atol=1e-6)
+
+
 def test_bf16_params_fp32_logits():
     cfg = PRESETS["tiny"]
     ids = _ids(1, 5)

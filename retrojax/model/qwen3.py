@@ -284,12 +284,31 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+ATTN_Q_BLOCK = 512  # query rows per attention block for long sequences
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+           q_block: int = ATTN_Q_BLOCK) -> jax.Array:
     """Grouped-query attention with fp32 softmax.
 
     q: [B, T, N, D]; k, v: [B, S, KVH, D]; mask: [B, T, S] bool (True = may attend). Returns [B, T, N, D].
-    Query head n uses kv head n // (N // KVH), as transformers' repeat_kv does.
+    Query head n uses kv head n // (N // KVH), as transformers' repeat_kv does. Sequences longer than
+    ``q_block`` run in rematerialized blocks of query rows (exact: each row's softmax is complete), so the
+    forward and backward hold one block's [q_block, S] scores per head instead of [T, S].
     """
+    b, t, n, d = q.shape
+    if t <= q_block:
+        return _attend_dense(q, k, v, mask)
+    nb = -(-t // q_block)
+    pad = nb * q_block - t
+    qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, nb, q_block, n, d).swapaxes(0, 1)
+    ms = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, nb, q_block, mask.shape[-1]).swapaxes(0, 1)
+    block = jax.checkpoint(lambda qm: _attend_dense(qm[0], k, v, qm[1]))
+    out = jax.lax.map(block, (qs, ms))  # [nb, B, q_block, N, D]
+    return out.swapaxes(0, 1).reshape(b, nb * q_block, n, d)[:, :t]
+
+
+def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     b, t, n, d = q.shape
     kvh = k.shape[2]
     qg = q.reshape(b, t, kvh, n // kvh, d)
