@@ -102,6 +102,8 @@ def test_rewind_replays_exactly_and_invalid_actions_are_the_engines_message(brid
     again = [bridge.step([t], [a])[0].obs.text for a in path[2:]]
     assert again == first[2:]
     assert bridge.record(t).current.won
+    (end,) = bridge.rewind([t], [len(path)])  # a real reset + replay of the whole path
+    assert end.ok and end.obs == cps[-1] and bridge.record(t).replayed_actions >= 2 + len(path)
     bridge.release([t, o2.trial])
 
 

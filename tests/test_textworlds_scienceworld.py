@@ -99,6 +99,8 @@ def test_rewind_replay_invalid_and_divergence(bridge):
     assert "look around" in adm.value["templates"] and "agent" in adm.value["objects"]
     again = [bridge.step([a], [x])[0].obs.text for x in path[1:]]
     assert again == first[1:] and bridge.record(a).current.won
+    (end,) = bridge.rewind([a], [len(path)])  # a real reset + replay of the whole path
+    assert end.ok and end.obs == cps[-1] and bridge.record(a).replayed_actions >= 1 + len(path)
     assert bridge.rewind([a], [len(path) + 1])[0].error.startswith("rewind target")
     # forced divergence: the record at C_2 no longer matches what the engine shows there
     play_gold(bridge, b, max_steps=3)

@@ -27,11 +27,12 @@ import sys
 import time
 import traceback
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from envs.textworlds.base import Observation, ReplayDivergence, TextWorld, TextWorldError
+from envs.textworlds.base import Observation, ReplayDivergence, TextWorld, TextWorldError, digest
 
 WORLDS = {
     "scienceworld": "envs.textworlds.scienceworld:ScienceWorld",
@@ -86,22 +87,39 @@ class Reply:
 # ------------------------------------------------------------------------------------------------
 
 
+CACHED_OPS = frozenset({"step", "admissible", "candidates", "expert", "goal"})
+RESULT_CACHE_SIZE = 4096
+
+
 class _WorkerState:
-    """The engine plus which (task, path) it currently reflects (None = unknown)."""
+    """The engine plus which (task, path) it currently reflects (None = unknown).
+
+    Engines are deterministic (every rewind checks it), so a worker also remembers the answers of
+    recent calls by (op, task, path, action): trials that share a prefix — the B trials of one task —
+    are then served without moving the engine. To reach a state it replays only the missing suffix
+    when the engine already stands on a prefix of the wanted path, else it resets and replays all.
+    Rewinds (``fresh``) always reset and replay for real.
+    """
 
     def __init__(self, world: TextWorld):
         self.world = world
         self.at: tuple[str, tuple[str, ...]] | None = None
         self.obs: Observation | None = None
+        self.cache: OrderedDict[str, Any] = OrderedDict()
 
     def _reach(
         self, task: str, path: tuple[str, ...], expected: str | None, fresh: bool = False
     ) -> tuple[Observation, int]:
         if not fresh and self.at == (task, path) and self.obs is not None:
             return self.obs, 0
+        start = 0
+        if (not fresh and self.at is not None and self.obs is not None and self.at[0] == task
+                and len(self.at[1]) <= len(path) and path[: len(self.at[1])] == self.at[1]):
+            start, obs = len(self.at[1]), self.obs  # the engine stands on a prefix: replay the rest
         self.at = None
-        obs = self.world.reset(task)
-        for i, action in enumerate(path):
+        if start == 0:
+            obs = self.world.reset(task)
+        for i, action in enumerate(path[start:], start=start):
             obs = self.world.step(action)
             if not obs.valid:
                 raise ReplayDivergence(
@@ -113,12 +131,23 @@ class _WorkerState:
                 f"replayed {obs.text[:160]!r}"
             )
         self.at, self.obs = (task, path), obs
-        return obs, len(path)
+        return obs, len(path) - start
 
     def run(self, call: Call) -> tuple[Any, int]:
+        key = None
+        if call.op in CACHED_OPS and not call.fresh:
+            key = digest(call.op, call.task, str(len(call.path)), *call.path, call.action or "",
+                         str(call.admissible))
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key], 0
         value, replayed = self._run(call)
         if call.admissible and isinstance(value, Observation):
             value = dataclasses.replace(value, admissible=self.world.admissible())
+        if key is not None:
+            self.cache[key] = value
+            if len(self.cache) > RESULT_CACHE_SIZE:
+                self.cache.popitem(last=False)
         return value, replayed
 
     def _run(self, call: Call) -> tuple[Any, int]:
