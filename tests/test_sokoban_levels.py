@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -39,6 +40,8 @@ def test_init_batch_matches_init_of_each_level():
         assert np.array_equal(np.asarray(batch.board[row]), np.asarray(one.board))
         assert int(batch.distance[row]) == int(one.distance) == int(bank.d0[i])
         assert int(batch.player[row]) == int(one.player)
+    mapped = jax.vmap(sk.init, in_axes=(None, 0))(bank, jnp.array([2, 0]))
+    assert np.array_equal(np.asarray(mapped.board), np.asarray(batch.board))
 
 
 def test_generator_rejects_bad_arguments():

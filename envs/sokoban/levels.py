@@ -146,9 +146,11 @@ def init(level: Level | LevelBank, index: int | None = None) -> State:
     if isinstance(level, LevelBank):
         if index is None:
             raise ValueError("init(bank, index): give the level index within the bank")
-        if not 0 <= int(index) < len(level):
-            raise IndexError(f"level index {index} out of range for a bank of {len(level)} levels")
-        return init_batch(level, jnp.asarray(int(index), jnp.int32))
+        if isinstance(index, (int, np.integer)):
+            if not 0 <= int(index) < len(level):
+                raise IndexError(f"level index {index} out of range for a bank of {len(level)} levels")
+            index = int(index)
+        return init_batch(level, index)  # arrays and tracers too, so ``vmap(init, (None, 0))`` works
     if not isinstance(level, Level):
         raise TypeError(f"init expects a Level or LevelBank, got {type(level).__name__}")
     ref = level.tables_ref()
