@@ -98,7 +98,11 @@ class CorridorEnv(TrialEnv):
         return ["right" for _ in slots]
 
     def random_actions(self, slots, rng, avoid=()):
-        return [["left", "right", "up"][int(rng.integers(3))] for _ in slots]
+        out = []
+        for i, _ in enumerate(slots):
+            options = [m for m in ("left", "right", "up") if m not in (avoid[i] if i < len(avoid) else ())]
+            out.append(options[int(rng.integers(len(options)))])
+        return out
 
     def prompt_fields(self, task: int) -> dict:
         return {"height": 1, "width": 4 + task % 3 + 1, "boxes": 1}
@@ -340,3 +344,28 @@ def test_budget_invariants_on_random_scripts(outputs, protocol, max_calls, budge
         assert r.rewinds_forced == 0 and r.macro_attempts == 1
     if protocol == "T@3":
         assert r.macro_attempts <= 3
+
+
+def test_oracle_names_and_avoids_its_mistakes():
+    from retrojax import config
+    from retrojax.agent.policies import OraclePolicy
+    from retrojax.agent.runner import run_trials
+
+    cfg = config.load(None, ["trial.max_calls=40", "trial.branch_budget=12"])
+    archive, metrics = run_trials(cfg, OraclePolicy(1.0), task_ids=range(6), seeds=[0, 1], trials_per_task=3,
+                                  protocols=["T@3", "T@1"], env=CorridorEnv(), record_tokens=False)
+    calls = {(c.trial, c.call_index): c for c in archive.calls}
+    segments = {(s.trial, s.index): s for s in archive.segments}
+    checked = 0
+    for r in archive.recoveries:
+        assert "avoid '" in r.remark
+        resumed = segments.get((r.trial, r.resumed_segment))
+        if resumed is None or not resumed.calls:
+            continue
+        first = calls[(r.trial, resumed.calls[0])]
+        avoided = {a for a, key in OraclePolicy.remembered_pairs(r.remark) if key == first.state_key}
+        assert first.action not in avoided  # the remembered mistake is not repeated from the same state
+        checked += 1
+    assert checked >= 5
+    assert {"failure", "model"} <= {r.trigger for r in archive.recoveries}
+    assert metrics["results"]["T@3"]["success"] >= metrics["results"]["T@1"]["success"]

@@ -118,11 +118,16 @@ class OraclePolicy(Policy):
         self.rngs, self.last_random = {}, {}
 
     @staticmethod
-    def remembered(view: TrialView) -> dict[str, set[str]]:
+    def remembered_pairs(text: str) -> list[tuple[str, str]]:
+        """``(action, state key)`` pairs named as ``avoid '<action>' at state <key>`` in a remark."""
+        return [(a, k) for a, k in _AVOID.findall(text)]
+
+    @classmethod
+    def remembered(cls, view: TrialView) -> dict[str, set[str]]:
         """Mistakes named in the remarks in context: state key → actions to avoid there."""
         out: dict[str, set[str]] = {}
         for _, text in view.remarks:
-            for action, key in _AVOID.findall(text):
+            for action, key in cls.remembered_pairs(text):
                 out.setdefault(key, set()).add(action)
         return out
 
