@@ -42,6 +42,8 @@ most once per call):
   text worlds: the maximum score along the branch including its start.
 - ``expert_actions(slots)`` / ``random_actions(slots, rng, avoid)``: action *texts* for scripted policies
   (the solver's or planner's best next action; a well-formed random action not in ``avoid``).
+- ``task_scale(task)`` (optional) gives a task's progress scale for ``TrialRecord.d0`` (Sokoban: the
+  shortest solution length); without it ``d0`` is the progress figure at ``C_0`` when finite.
 - ``action_style`` says how outputs mark their action (``tag`` or ``fence``, see ``parse.extract_action``).
 - ``prompt_key`` and ``prompt_fields(task)`` select and fill the prompt templates
   (``retrojax.agent.prompts``): the key names the template family, the fields carry task facts such as

@@ -281,6 +281,10 @@ class SokobanEnv(FunctionalEnv):
     def prompt_fields(self, task: int) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, "boxes": self.boxes}
 
+    def task_scale(self, task: int) -> float:
+        """d0: the exact shortest solution length of the level (``TrialRecord.d0``)."""
+        return float(np.asarray(self.bank.d0)[task])
+
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         """One move that starts a shortest solution (the first such in up, down, left, right order)."""
         optimal = np.asarray(_sokoban_optimal(self.bank.tables, self.trail))
@@ -388,6 +392,10 @@ class MineSweeperEnv(FunctionalEnv):
 
     def prompt_fields(self, task: int) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, "mines": int(self.bank.num_mines)}
+
+    def task_scale(self, task: int) -> float:
+        """The board's reference solution length in reveals (``TrialRecord.d0``)."""
+        return float(self.bank.solution_length[task])
 
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         out: list[str | None] = []

@@ -281,7 +281,9 @@ class Trial:
         """Take ``C_0`` from the world's reset and open the conversation."""
         if self.phase != "new":
             raise RuntimeError("trial already started")
-        self.record.d0 = info.progress if math.isfinite(info.progress) else None
+        scale = getattr(self.env, "task_scale", None)
+        d0 = scale(self.spec.task) if scale is not None else info.progress
+        self.record.d0 = float(d0) if d0 is not None and math.isfinite(d0) else None
         score = info.score if info.score is not None else 0.0
         if self.transcript is not None:
             self.transcript.append(self.tok.encode_turn("system", self._system_text()))
