@@ -24,10 +24,11 @@ def micro_model() -> Qwen3:
     return Qwen3(MICRO, rngs=nnx.Rngs(0))
 
 
-def collect(model, tasks, seed):
-    """Trials whose tokens and rewards follow from ``seed`` alone (as the real runner's do)."""
-    arch = synthetic_archive(np.random.default_rng(seed), tasks=len(tasks), trials=2, vocab=MICRO.vocab_size,
-                             segments=2, decisions=2, prompt_len=20, turn_len=4, output_len=6)
+def collect(model, tasks, seeds):
+    """Trials whose tokens and rewards follow from the seeds alone (as the real runner's do)."""
+    arch = synthetic_archive(np.random.default_rng(list(seeds)), tasks=len(tasks), trials=2,
+                             vocab=MICRO.vocab_size, segments=2, decisions=2, prompt_len=20, turn_len=4,
+                             output_len=6)
     for rec in [*arch.calls, *arch.segments, *arch.recoveries, *arch.trials]:
         rec.task = int(tasks[rec.task])
     return arch, {"trials": float(len(arch.trials))}

@@ -40,13 +40,14 @@ from retrojax.learn.update import LogProbs, Update, make_optimizer, split_model
 
 
 class Collect(Protocol):
-    """Runs trials with the behaviour policy: ``collect(model, tasks, seed) -> (archive, metrics)``.
+    """Runs trials with the behaviour policy: ``collect(model, tasks, seeds) -> (archive, metrics)``.
 
-    ``tasks`` lists task indices of the training split, one trial group each; every random choice of the
-    collection must follow from ``seed`` (that is what makes ``resume`` exact).
+    ``tasks`` lists task indices of the training split, one group of ``trial.trials_per_task`` trials each;
+    ``seeds`` gives one seed per task. Every random choice of the collection must follow from the seeds
+    (that is what makes ``resume`` exact).
     """
 
-    def __call__(self, model: Any, tasks: Sequence[int], seed: int) -> tuple[Archive, dict]: ...
+    def __call__(self, model: Any, tasks: Sequence[int], seeds: Sequence[int]) -> tuple[Archive, dict]: ...
 
 
 Evaluate = Callable[[Any, int], dict]  # (model, iteration) -> metrics
@@ -174,8 +175,8 @@ class Trainer:
         t0 = time.perf_counter()
         self.key, sub = jax.random.split(self.key)
         tasks = self.tasks.take(self.learn.tasks_per_update)
-        seed = int(jax.random.randint(sub, (), 0, 2**31 - 1))
-        archive, rollout = self.collect(self.model(), tasks, seed)
+        seeds = [int(s) for s in np.asarray(jax.random.randint(sub, (len(tasks),), 0, 2**31 - 1))]
+        archive, rollout = self.collect(self.model(), tasks, seeds)
         t1 = time.perf_counter()
         adv = advantages_from_config(archive, self.learn)
         rng = np.random.default_rng([self.cfg.run.seed, self.iteration])
@@ -337,21 +338,30 @@ class RunnerCollect:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.env = make_env(cfg, _split(cfg, "train"))
         self.policy: Any = None
+        self.runner: Any = None
 
-    def __call__(self, model: Any, tasks: Sequence[int], seed: int) -> tuple[Archive, dict]:
+    def __call__(self, model: Any, tasks: Sequence[int], seeds: Sequence[int]) -> tuple[Archive, dict]:
         from retrojax.agent.policies import ModelPolicy
-        from retrojax.agent.runner import run_trials
+        from retrojax.agent.runner import Runner
+        from retrojax.agent.trial import TrialSpec
+        from retrojax.eval.metrics import summarize
 
+        if len(tasks) != len(seeds):
+            raise ValueError(f"collect needs one seed per task, got {len(tasks)} tasks, {len(seeds)} seeds")
         if self.policy is None:
             self.policy = ModelPolicy.from_config(self.cfg, model, self.tokenizer)
+            self.runner = Runner(self.cfg, self.env, self.policy)
         else:
             self.policy.model = model
             if self.policy.sampler is not None:
                 self.policy.sampler.update_model(model)
-        self.policy.seed, self.policy.ticks = int(seed), 0
-        archive, metrics = run_trials(self.cfg, self.policy, task_ids=tasks, seeds=[int(seed)],
-                                      protocols=[self.cfg.trial.protocol], env=self.env)
-        return archive, _flatten(metrics)
+        self.policy.seed, self.policy.ticks = int(seeds[0]) if seeds else 0, 0
+        b = self.cfg.trial.trials_per_task
+        specs = [TrialSpec(trial=i * b + r, task=int(task), seed=int(seed), replicate=r,
+                           protocol=self.cfg.trial.protocol)
+                 for i, (task, seed) in enumerate(zip(tasks, seeds, strict=True)) for r in range(b)]
+        archive = self.runner.run(specs)
+        return archive, _flatten(summarize(archive.trials))
 
     def close(self) -> None:
         self.env.close()
@@ -363,7 +373,7 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
     if isinstance(d, dict):
         for k, v in d.items():
             out.update(_flatten(v, f"{prefix}{k}/"))
-    elif _is_number(d):
+    elif _is_number(d) and "seed_success/" not in prefix:  # per-seed entries would vary run to run
         out[prefix[:-1]] = float(d)
     return out
 
