@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -127,6 +128,7 @@ class Trainer:
         self._ckpt: TrainCheckpoints | None = None
         self._writer: Any = None
         self._tensorboard = tensorboard
+        self._warned_gap = False
         if self.learn.old_logprobs not in ("sampler", "recompute"):
             raise ValueError(f"learn.old_logprobs must be sampler | recompute, "
                              f"got {self.learn.old_logprobs!r}")
@@ -223,6 +225,11 @@ class Trainer:
         g = np.concatenate(gaps) if gaps else np.zeros(0)
         if g.size == 0:
             return {}
+        if g.max() > 1e-2 and self.learn.old_logprobs == "sampler" and not self._warned_gap:
+            self._warned_gap = True
+            print(f"warning: sampler log-probs differ from θ_old's by up to {g.max():.3g} (temperature or "
+                  "top-p/k ≠ 1?); the ratio uses the sampler's. Set learn.old_logprobs=recompute to use "
+                  "the model's own.", file=sys.stderr)
         return {"check/logprob_gap_mean": float(g.mean()), "check/logprob_gap_max": float(g.max())}
 
     # --- the loop --------------------------------------------------------------------------------
