@@ -79,9 +79,28 @@ def test_solution_length_is_a_valid_plan(bank6):
             state, out = step(state, jnp.asarray(cell, jnp.int32))
             assert float(out.reward) > 0
         assert bool(ms.is_won(state))
-        # the oracle's cell is provably safe and on a shortest plan
-        first = ms.safe_reveal(ms.init(bank6[i]))
-        assert first is not None and not bank6.mines[i][first]
+        # the oracle's cells are provably safe; the shortest variant starts a shortest plan
+        start = ms.init(bank6[i])
+        safe, _ = ms.deduce(start)
+        for shortest in (False, True):
+            first = ms.safe_reveal(start, shortest=shortest)
+            assert first is not None and safe[first] and not bank6.mines[i][first]
+        after, _ = step(start, jnp.asarray(ms.safe_reveal(start, shortest=True), jnp.int32))
+        rest = ms.solve_plan(np.asarray(after.board), np.asarray(after.revealed))
+        assert len(rest) == int(bank6.solution_length[i]) - 1
+
+
+def test_oracle_finishes_every_board(bank6, bank8):
+    for bank in (bank6, bank8):
+        for i in range(len(bank)):
+            state = ms.init(bank[i])
+            for _ in range(bank.mines[i].size):
+                cell = ms.safe_reveal(state)
+                if cell is None:
+                    break
+                state, out = step(state, jnp.asarray(cell, jnp.int32))
+                assert float(out.reward) > 0
+            assert bool(ms.is_won(state)) and ms.safe_reveal(state) is None
 
 
 def test_generate_rejects_bad_arguments():

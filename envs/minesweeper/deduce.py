@@ -342,21 +342,33 @@ def solve_plan(
     return rec(np.asarray(revealed, bool))
 
 
-def safe_reveal(state) -> tuple[int, int] | None:
-    """A provably-safe hidden cell to reveal (0-indexed), the first step of a shortest plan when one exists.
+def safe_reveal(state, shortest: bool = False) -> tuple[int, int] | None:
+    """A provably-safe hidden cell to reveal (0-indexed), for the oracle policy.
 
-    For the oracle policy; ``None`` when the state is over or nothing can be deduced safe.
+    Default: one ``deduce`` call, preferring a cell that every finishing plan must reveal itself (a
+    blank-region cell, then a number bordering no blank), else any deduced-safe cell; following it
+    finishes a no-guess board and is shortest except where only cascade-bordering numbers are deducible.
+    ``shortest=True`` returns the first step of ``solve_plan`` (always on a shortest plan; slower).
+    ``None`` when the episode is over or nothing can be deduced safe. The oracle may look at the mine
+    layout only to rank cells that are already proven safe; safety itself comes from visible clues.
     """
     board = np.asarray(state.board)
+    if board.ndim != 2:
+        raise ValueError(f"safe_reveal takes one unbatched state, got a board of shape {board.shape}")
     revealed = np.asarray(state.revealed, bool)
     if (revealed & (board == -1)).any() or np.all(revealed | (board == -1)):
         return None
-    try:
-        plan = solve_plan(board, revealed)
-    except SearchLimitError:
-        plan = None
-    if plan:
-        return plan[0]
+    if shortest:
+        try:
+            plan = solve_plan(board, revealed)
+        except SearchLimitError:
+            plan = None
+        if plan:
+            return plan[0]
     safe, _ = deduce(state)
+    label, borders = _units(board)
+    pick = _mandatory(board, revealed, safe, label, borders)
+    if pick is not None:
+        return pick
     cells = np.argwhere(safe & ~revealed)
     return (int(cells[0][0]), int(cells[0][1])) if len(cells) else None
