@@ -252,26 +252,32 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
     return history
 
 
+def _nll_totals(graphdef: nnx.GraphDef, chunk: int, params: Any,
+                batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
+    lp = token_logprobs(nnx.merge(graphdef, params), batch["input_ids"], batch["targets"],
+                        attention_mask=batch["attention_mask"], chunk=chunk)
+    return -(lp * batch["loss_mask"]).sum(), batch["loss_mask"].sum()
+
+
+_nll_totals_jit = jax.jit(_nll_totals, static_argnums=(0, 1))
+
+
 def evaluate_nll(model: Qwen3, examples: Sequence[Example], batch_size: int, pad_id: int = 0,
-                 chunk: int = 512) -> float:
-    """Mean negative log-likelihood per trained token over ``examples`` (no update)."""
+                 chunk: int = 512, buckets: Sequence[int] | None = None) -> float:
+    """Mean negative log-likelihood per trained token over ``examples`` (no update).
+
+    Compiles once per (model graph, bucket length, batch size), shared across calls.
+    """
     if not examples:
         raise ValueError("no examples to evaluate")
-    buckets = default_buckets(max(len(e.ids) - 1 for e in examples))
+    buckets = tuple(buckets) if buckets else default_buckets(max(len(e.ids) - 1 for e in examples))
     graphdef, params = nnx.split(model)
-
-    @jax.jit
-    def totals(params, batch):
-        lp = token_logprobs(nnx.merge(graphdef, params), batch["input_ids"], batch["targets"],
-                            attention_mask=batch["attention_mask"], chunk=chunk)
-        return -(lp * batch["loss_mask"]).sum(), batch["loss_mask"].sum()
-
     nll, count = 0.0, 0.0
     ordered = sorted(examples, key=lambda e: len(e.ids))
     for start in range(0, len(ordered), batch_size):
         group = ordered[start:start + batch_size]
         length = bucket_for(max(len(e.ids) - 1 for e in group), buckets)
         batch = {k: jnp.asarray(v) for k, v in collate(group, batch_size, length, pad_id).items()}
-        a, b = totals(params, batch)
+        a, b = _nll_totals_jit(graphdef, chunk, params, batch)
         nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)

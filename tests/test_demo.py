@@ -1,0 +1,69 @@
+"""``retrojax demo`` end to end, shrunk with --set overrides: every stage runs and leaves its outputs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from retrojax import cli, config
+from retrojax.agent.archive import Archive
+
+# 3 test levels x 3 protocols = 9 sampler rows = 3 training tasks x 3 trials: one sampler shape throughout.
+SHRUNK = [
+    "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.seq_len=512", "sft.vocab_size=400",
+    "sft.num_solver_episodes=6", "sft.num_recovery_episodes=6", "sft.oracle_epsilon=0.5",
+    "learn.updates=1", "learn.tasks_per_update=3", "trial.trials_per_task=3", "learn.seq_buckets=[512]",
+    "eval.num_tasks=3", "sampler.max_len=512", "sampler.chunk_buckets=[64]", "trial.max_calls=6",
+]
+
+
+def test_demo_config_loads_and_sizes_its_batches_alike():
+    cfg = config.load("configs/demo.yaml")
+    rows_eval = cfg.eval.num_tasks * len(cfg.eval.protocols) * cfg.eval.seeds
+    assert rows_eval == cfg.learn.tasks_per_update * cfg.trial.trials_per_task
+    assert cfg.trial.prompt_style == "compact" and cfg.sft.steps > 0 and cfg.learn.updates > 0
+
+
+def test_demo_rejects_a_bad_override(capsys):
+    assert cli.main(["demo", "--set", "sft.steps=many"]) == 2
+    assert "sft.steps" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
+    out = tmp_path / "demo"
+    args = ["demo", "--set", f"run.out_dir={out}"]
+    for s in SHRUNK:
+        args += ["--set", s]
+    assert cli.main(args) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert any(str(out / "report.md") in line for line in printed[-3:])
+
+    summary = json.loads((out / "summary.json").read_text())
+    for policy in ("SFT", "RL"):
+        assert set(summary["results"][policy]) == {"P@1", "T@1", "T@3"}
+        for r in summary["results"][policy].values():
+            assert r["n"] == 3 and 0.0 <= r["success"] <= 1.0 and r["ci95"][0] <= r["success"] <= r["ci95"][1]
+    assert summary["sft"]["pack"]["own_tokens"] > 0 and np.isfinite(summary["sft"]["held_out_nll_after"])
+    assert summary["demonstrations"]["recovery"]["trials"] == 6
+    assert len(summary["curve"]) == 1 and 0.0 <= summary["curve"][0]["success"] <= 1.0
+
+    report = (out / "report.md").read_text()
+    assert "| SFT | T@3 |" in report and "| RL | P@1 |" in report and "Δref" in report
+    for png in ("success_by_protocol.png", "learning_curve.png", "success_vs_attempts.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert any((out / "rl" / "checkpoints").iterdir())
+
+    # the exported policy and its tokenizer load back and fit together
+    from retrojax.model.checkpoint import from_pretrained
+    from retrojax.model.tokenizer import load_tokenizer
+
+    model = from_pretrained(out / "policy")
+    tok = load_tokenizer(out / "policy")
+    assert model.config.vocab_size >= tok.vocab_size and model.config.num_hidden_layers == 2
+
+    # the demonstrations were recorded with that tokenizer: every id is in its vocabulary
+    demos = Archive.load(out / "demonstrations.jsonl")
+    assert demos.recoveries, "recovery play should have produced at least one recovery"
+    top = max(int(np.max(np.concatenate([c.prompt_ids, c.output_ids]))) for c in demos.calls)
+    assert top < tok.vocab_size
