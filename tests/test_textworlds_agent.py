@@ -76,18 +76,31 @@ def test_registered_configs_load():
         make_env(config.load("configs/alfworld_data.yaml"), "alfworld-data:test")
 
 
+class NonsenseFirst(TextOraclePolicy):
+    """Sends one command the engine does not know at C_0, then plays the oracle."""
+
+    def generate(self, requests):
+        out = super().generate(requests)
+        for i, r in enumerate(requests):
+            if r.view.kind == EXECUTE and r.view.checkpoint == 0 and not r.view.last_invalid:
+                out[i] = Generation("Let me try.\n```action\njuggle the fridge\n```")
+        return out
+
+
 def test_alfworld_oracle_solves_with_fenced_actions_and_recovers(tmp_path):
     cfg = cfg_for("alfworld", tmp_path, "trial.max_calls=24", "trial.branch_budget=12")
     tight = cfg_for("alfworld", tmp_path, "trial.max_calls=24", "trial.branch_budget=5")
     env = TextWorldEnv("alfworld", ["gen:pick_and_place_simple:31", "gen:pick_clean_then_place_in_recep:31"],
                        num_workers=2, timeout_s=120.0)
     try:
-        archive, _ = run_trials(cfg, TextOraclePolicy(0.0), task_ids=[0, 1], trials_per_task=1,
+        archive, _ = run_trials(cfg, NonsenseFirst(0.0), task_ids=[0, 1], trials_per_task=1,
                                 protocols=["P@1"], env=env)
         assert [t.success for t in archive.trials] == [True, True]
+        assert [t.invalid_turns for t in archive.trials] == [1, 1]
+        bad = [c for c in archive.calls if not c.valid]
+        assert len(bad) == 2 and all("Nothing happens." in c.invalid_reason for c in bad)
         execs = [c for c in archive.calls if c.role == "execution"]
         assert all(c.output_text.rstrip().endswith("```") and "```action\n" in c.output_text for c in execs)
-        assert all(c.valid for c in execs)
         # a noisy oracle under T@3 with a short branch budget: recoveries replay through the bridge
         archive, _ = run_trials(tight, TextOraclePolicy(0.6), task_ids=[0, 1], seeds=[3], trials_per_task=1,
                                 protocols=["T@3"], env=env)

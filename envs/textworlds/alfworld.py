@@ -266,9 +266,13 @@ class ALFWorld(TextWorld):
     def _facts(self) -> list[tuple[str, tuple[str, ...]]]:
         return [(f.name, tuple(v.name for v in f.arguments)) for f in self._pddl._pddl_state.facts]
 
-    def _observe(self, state: Any, valid: bool, changed: bool) -> Observation:
+    def _observe(self, state: Any, valid: bool, changed: bool, full: bool = True) -> Observation:
         self._admissible = list(state["admissible_commands"])
         won = bool(state["won"])
+        if not full:  # an intermediate replay step: only the text and flags matter
+            return Observation(text=str(state["feedback"]).strip(), score=self._last_score,
+                               progress=self._last_score / 100.0, done=won, won=won, valid=valid,
+                               changed=changed, moves=self._moves)
         facts = self._facts()
         progress = 1.0 if won else self._progress(facts)
         score = 100.0 * progress
@@ -298,7 +302,7 @@ class ALFWorld(TextWorld):
         self._goal_text = text[text.find(marker):].strip() if marker in text else ""
         return self._observe(state, True, True)
 
-    def step(self, action: str) -> Observation:
+    def step(self, action: str, full: bool = True) -> Observation:
         if self._env is None:
             raise RuntimeError("step before reset")
         command = " ".join(str(action).strip().split())
@@ -306,7 +310,7 @@ class ALFWorld(TextWorld):
         state, _, _ = self._env.step(command)
         if valid:
             self._moves += 1
-        return self._observe(state, valid, valid)
+        return self._observe(state, valid, valid, full)
 
     def admissible(self) -> dict[str, list[str]]:
         return {"actions": list(self._admissible)}

@@ -70,8 +70,11 @@ class TextWorld(abc.ABC):
         """Start ``task`` from its initial state."""
 
     @abc.abstractmethod
-    def step(self, action: str) -> Observation:
-        """Apply one action; an unknown action returns the engine's message with ``valid=False``."""
+    def step(self, action: str, full: bool = True) -> Observation:
+        """Apply one action; an unknown action returns the engine's message with ``valid=False``.
+
+        ``full=False`` (intermediate steps of a replay) may skip the state key and progress figures.
+        """
 
     @abc.abstractmethod
     def admissible(self) -> dict[str, list[str]]:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from envs.textworlds.base import Observation
-from envs.textworlds.pool import Call, Reply, WorkerPool
+from envs.textworlds.pool import RESULT_CACHE_SIZE, Call, Reply, WorkerPool
 
 
 @dataclasses.dataclass
@@ -66,8 +66,9 @@ class TextWorldBridge:
         timeout_s: float = 30.0,
         world_kwargs: dict[str, Any] | None = None,
         pool: WorkerPool | None = None,
+        result_cache: int = RESULT_CACHE_SIZE,
     ):
-        self.pool = pool or WorkerPool(world, num_workers, timeout_s, world_kwargs)
+        self.pool = pool or WorkerPool(world, num_workers, timeout_s, world_kwargs, result_cache=result_cache)
         self.world = world
         self.trials: dict[int, TrialRecord] = {}
         self._next_trial = 0

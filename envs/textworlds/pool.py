@@ -101,11 +101,12 @@ class _WorkerState:
     Rewinds (``fresh``) always reset and replay for real.
     """
 
-    def __init__(self, world: TextWorld):
+    def __init__(self, world: TextWorld, cache_size: int = RESULT_CACHE_SIZE):
         self.world = world
         self.at: tuple[str, tuple[str, ...]] | None = None
         self.obs: Observation | None = None
         self.cache: OrderedDict[str, Any] = OrderedDict()
+        self.cache_size = int(cache_size)
 
     def _reach(
         self, task: str, path: tuple[str, ...], expected: str | None, fresh: bool = False
@@ -120,7 +121,7 @@ class _WorkerState:
         if start == 0:
             obs = self.world.reset(task)
         for i, action in enumerate(path[start:], start=start):
-            obs = self.world.step(action)
+            obs = self.world.step(action, full=i == len(path) - 1)
             if not obs.valid:
                 raise ReplayDivergence(
                     f"replay of {task}: action {i + 1} '{action}' was rejected on replay: {obs.text[:200]!r}"
@@ -135,7 +136,7 @@ class _WorkerState:
 
     def run(self, call: Call) -> tuple[Any, int]:
         key = None
-        if call.op in CACHED_OPS and not call.fresh:
+        if self.cache_size > 0 and call.op in CACHED_OPS and not call.fresh:
             key = digest(call.op, call.task, str(len(call.path)), *call.path, call.action or "",
                          str(call.admissible))
             if key in self.cache:
@@ -146,7 +147,7 @@ class _WorkerState:
             value = dataclasses.replace(value, admissible=self.world.admissible())
         if key is not None:
             self.cache[key] = value
-            if len(self.cache) > RESULT_CACHE_SIZE:
+            if len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
         return value, replayed
 
@@ -180,10 +181,12 @@ class _WorkerState:
         raise ValueError(f"unknown call op '{call.op}'")
 
 
-def worker_main(conn: Connection, world: str, kwargs: dict[str, Any]) -> None:
+def worker_main(
+    conn: Connection, world: str, kwargs: dict[str, Any], cache_size: int = RESULT_CACHE_SIZE
+) -> None:
     """Worker process (its own session, so the pool can kill it with its engine): serve calls."""
     try:
-        state = _WorkerState(make_world(world, kwargs))
+        state = _WorkerState(make_world(world, kwargs), cache_size)
     except BaseException as e:  # report any start failure to the parent, then exit
         conn.send(("failed", f"{type(e).__name__}: {e}"))
         return
@@ -278,6 +281,7 @@ class WorkerPool:
         start_timeout_s: float = 180.0,
         max_retries: int = 1,
         retry_grace_s: float = 60.0,
+        result_cache: int = RESULT_CACHE_SIZE,
     ):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -289,6 +293,7 @@ class WorkerPool:
         self.start_timeout_s = float(start_timeout_s)
         self.max_retries = int(max_retries)
         self.retry_grace_s = float(retry_grace_s)  # extra time for a retry: a fresh engine warms up
+        self.result_cache = int(result_cache)  # answers remembered per worker (0: always ask the engine)
         self.restarts = 0
         self._next_id = 0
         self._workers: list[_Worker | None] = [None] * num_workers
@@ -307,7 +312,7 @@ class WorkerPool:
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cmd = [sys.executable, "-m", "envs.textworlds.worker", str(child.fileno()), self.world,
-               json.dumps(self.world_kwargs)]
+               json.dumps(self.world_kwargs), str(self.result_cache)]
         proc = subprocess.Popen(
             cmd, pass_fds=[child.fileno()], start_new_session=True, env=env,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -68,7 +68,7 @@ class ScienceWorld(TextWorld):
         self._server.load(name, variation, self.simplifications, gold)
         self._loaded = None if gold else (name, variation)
 
-    def _observe(self, text: str, valid: bool, changed: bool) -> Observation:
+    def _observe(self, text: str, valid: bool, changed: bool, full: bool = True) -> Observation:
         score = float(round(100 * float(self._server.getScore())))
         moves = int(self._server.getNumMoves())
         completed = bool(self._server.getCompleted())
@@ -76,7 +76,7 @@ class ScienceWorld(TextWorld):
         reward = score - self._last_score
         self._last_score = score
         key = digest(f"{self._task}", str(self._server.freeActionLook()),
-                     str(self._server.freeActionInventory()), f"{score}")
+                     str(self._server.freeActionInventory()), f"{score}") if full else ""
         return Observation(
             text=str(text),
             score=score,
@@ -101,7 +101,7 @@ class ScienceWorld(TextWorld):
         self._task = (name, variation)
         return self._observe(self._server.step("look around"), True, True)
 
-    def step(self, action: str) -> Observation:
+    def step(self, action: str, full: bool = True) -> Observation:
         action = str(action).strip()
         before = int(self._server.getNumMoves())
         text = str(self._server.step(action))
@@ -109,7 +109,7 @@ class ScienceWorld(TextWorld):
         if valid:
             self._history.append(action)
         changed = valid or int(self._server.getNumMoves()) != before
-        return self._observe(text, valid, changed)
+        return self._observe(text, valid, changed, full)
 
     # --- on-demand queries ------------------------------------------------------------------
     def admissible(self) -> dict[str, list[str]]:

@@ -14,6 +14,7 @@ Figures (stable keys, milliseconds unless named otherwise):
 - ``<world>.steps_per_s.{1,2,4}``: throughput of batched steps with 1, 2 and 4 workers, one trial per
   worker, each walking its expert path (rewinds to C_0 between rounds are not timed).
 
+The workers' result cache is off here (``result_cache=0``), so every figure is a real engine call.
 ``--quick`` measures fewer steps and only 1 and 2 workers (smoke test).
 """
 
@@ -53,7 +54,7 @@ def _time_world(
 ) -> tuple[dict[str, float], list[list[str]]]:
     """Single-worker step / reset / rewind figures on expert paths."""
     figures: dict[str, float] = {}
-    with TextWorldBridge(world, num_workers=1, timeout_s=300.0, world_kwargs=kwargs) as br:
+    with TextWorldBridge(world, num_workers=1, timeout_s=300.0, world_kwargs=kwargs, result_cache=0) as br:
         outs = br.reset(tasks)
         paths = [_expert_path(br, o.trial) for o in outs]
         log(f"{world}: expert paths of length {[len(p) for p in paths]}")
@@ -91,7 +92,8 @@ def _time_world(
 def _throughput(world: str, tasks: list[str], paths: list[list[str]], kwargs: dict, workers: int,
                 rounds: int) -> float:
     """Steps/s of batched steps with ``workers`` workers, one trial per worker."""
-    with TextWorldBridge(world, num_workers=workers, timeout_s=300.0, world_kwargs=kwargs) as br:
+    with TextWorldBridge(world, num_workers=workers, timeout_s=300.0, world_kwargs=kwargs,
+                         result_cache=0) as br:
         chosen = [i % len(tasks) for i in range(workers)]
         outs = br.reset([tasks[i] for i in chosen])
         trials = [o.trial for o in outs]
