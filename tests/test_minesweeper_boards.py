@@ -211,7 +211,7 @@ def test_play_session(bank6, monkeypatch):
     state = ms.init(bank6[0])
     cell = ms.safe_reveal(state)
     mine = tuple(int(x) + 1 for x in np.argwhere(bank6.mines[0])[0])
-    script = (f"({cell[0] + 1},{cell[1] + 1})\nhello\n(0,9)\nrewind to C_7\nrewind to C_1\n"
+    script = (f"({cell[0] + 1},{cell[1] + 1})\nhello\n(0,9)\nrewind to C_7\nrewind to 1\n"
               f"{mine[0]},{mine[1]}\n(1,1)\nrewind to C_0\nquit\n")
     out = io.StringIO()
     code = play.main(argparse.Namespace(split="x:test", index=0), stdin=io.StringIO(script), out=out)

@@ -20,7 +20,7 @@ from envs.trail import TrailOverflowError, trail_init, trail_push_checked, trail
 
 CAPACITY = 128
 _CELL = re.compile(r"^\(?\s*(-?\d+)\s*[, ]\s*(-?\d+)\s*\)?$")
-_REWIND = re.compile(r"^rewind\s+to\s+c_?(\d+)$")
+_REWIND = re.compile(r"^rewind\s+to\s+(?:c_?)?(\d+)$")
 
 
 def _show(state, scores: list[float], out) -> None:
