@@ -72,8 +72,9 @@ def test_kill_and_resume_gives_the_same_params(tmp_path):
     reference = jax.tree.map(np.asarray, full.params)
     full.close()
 
-    killed = trainer(tmp_path / "resumed")
-    killed.fit(stop_after=2)  # "killed" after update 2 (its checkpoint is on disk)
+    killed = trainer(tmp_path / "resumed", checkpoint_every=2)
+    killed.fit(5, stop_after=3)  # "killed" after update 3, whose checkpoint was never written
+    assert TrainCheckpoints(tmp_path / "resumed" / "checkpoints").all_steps() == [2]
     killed.close()
     resumed = trainer(tmp_path / "resumed")
     hist2 = resumed.fit(resume=True)

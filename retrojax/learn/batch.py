@@ -127,8 +127,8 @@ def build_sequences(archive: Archive, adv: Advantages, *, lambda_ref: float, max
     def span(call: CallRecord, start: int) -> Span | None:
         cr = credit.get((call.task, call.trial, call.call_index))
         n_out = len(call.output_ids)
-        if cr is None or n_out == 0 or (skip_zero and cr.advantage == 0.0):
-            return None
+        if cr is None or n_out == 0 or start < 1 or (skip_zero and cr.advantage == 0.0):
+            return None  # (an empty prompt gives no context to predict the first output token from)
         if cr.role == EXECUTION:
             w = 1.0 / (n_out * decisions[call.task] * n_tasks)
         else:

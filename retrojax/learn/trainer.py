@@ -168,7 +168,11 @@ class Trainer:
         self.optimizer_steps = int(meta["optimizer_steps"])
         self.key = jnp.asarray(np.asarray(meta["key"], np.uint32))
         self.tasks.epoch, self.tasks.offset = int(meta["tasks"]["epoch"]), int(meta["tasks"]["offset"])
+        # Iterations logged after this checkpoint will be redone: drop them from the log.
         self.history = [h for h in self._read_log() if h.get("iteration", 0) <= self.iteration]
+        path = self.out_dir / "metrics.jsonl"
+        if path.exists():
+            path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
         return True
 
     # --- one iteration ---------------------------------------------------------------------------
