@@ -37,8 +37,6 @@ BOX_ON_REWARD = 1.0
 BOX_OFF_REWARD = -1.0
 SOLVED_REWARD = 10.0
 MOVE_NAMES = ("none", "up", "down", "left", "right")
-_DR = np.array([0, -1, 1, 0, 0], np.int32)
-_DC = np.array([0, 0, 0, -1, 1], np.int32)
 
 
 @struct.dataclass
@@ -144,8 +142,9 @@ def state_key(boxes: jax.Array, player: jax.Array, num_cells: int) -> jax.Array:
 
 
 def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
-    """Exact distance for ``key`` in ``level``'s table segment; −1 when absent (dead)."""
-    lo = tables.offsets[level]
+    """Exact distance for ``key`` (any shape) in ``level``'s table segment; −1 when absent (dead)."""
+    key = jnp.asarray(key, jnp.int32)
+    lo = jnp.broadcast_to(tables.offsets[level], key.shape)
     end = lo + tables.counts[level]
     last = tables.keys.shape[0] - 1
 
@@ -167,13 +166,34 @@ def distance_of(tables: Tables, state: State) -> jax.Array:
     return lookup(tables, state.level, state_key(state.boxes, state.player, state.board.size))
 
 
-def _move(tables: Tables, board, player, boxes, level, move):
-    """One primitive move; returns (board, player, boxes, changed, pushed_on, pushed_off, distance)."""
-    h, w = board.shape
+def _layout(board: jax.Array) -> jax.Array:
+    """The static part of a board as flat int8 classes: 0 wall, 1 floor, 2 target."""
     flat = board.reshape(-1)
-    n = flat.shape[0]
-    m = jnp.clip(move, 0, 4)
-    dr, dc = jnp.asarray(_DR)[m], jnp.asarray(_DC)[m]
+    target = (flat == TARGET) | (flat == BOX_T) | (flat == PLAYER_T)
+    return jnp.where(flat == WALL, 0, jnp.where(target, 2, 1)).astype(jnp.int8)
+
+
+def _compose(layout: jax.Array, boxes: jax.Array, player: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    """The int8 board from the layout classes, the box cells and the player cell."""
+    cells = jnp.arange(layout.shape[0])
+    target = layout == 2
+    board = jnp.where(layout == 0, WALL, jnp.where(target, TARGET, FLOOR))
+    for k in range(boxes.shape[0]):
+        board = jnp.where(cells == boxes[k].astype(jnp.int32), jnp.where(target, BOX_T, BOX), board)
+    board = jnp.where(cells == player.astype(jnp.int32), jnp.where(target, PLAYER_T, PLAYER), board)
+    return board.astype(jnp.int8).reshape(shape)
+
+
+def _move(layout, shape, player, boxes, move):
+    """One primitive move on (player, boxes) over the static layout (no table lookup).
+
+    Returns ``(player, boxes, changed, pushed_on, pushed_off)``; codes outside 1…4 do nothing.
+    """
+    h, w = shape
+    n = h * w
+    m = jnp.where((move < 1) | (move > 4), 0, move)
+    dr = jnp.where(m == 1, -1, jnp.where(m == 2, 1, 0))
+    dc = jnp.where(m == 3, -1, jnp.where(m == 4, 1, 0))
     p = player.astype(jnp.int32)
     r, c = p // w, p % w
     r1, c1, r2, c2 = r + dr, c + dc, r + 2 * dr, c + 2 * dc
@@ -181,44 +201,43 @@ def _move(tables: Tables, board, player, boxes, level, move):
     in2 = (r2 >= 0) & (r2 < h) & (c2 >= 0) & (c2 < w)
     i1 = jnp.clip(r1 * w + c1, 0, n - 1)
     i2 = jnp.clip(r2 * w + c2, 0, n - 1)
-    v1 = jnp.where(in1, flat[i1], WALL)
-    v2 = jnp.where(in2, flat[i2], WALL)
-    free1 = (v1 == FLOOR) | (v1 == TARGET)
-    box1 = (v1 == BOX) | (v1 == BOX_T)
-    free2 = (v2 == FLOOR) | (v2 == TARGET)
+    k1 = jnp.where(in1, layout[i1], 0)
+    k2 = jnp.where(in2, layout[i2], 0)
+    bx = boxes.astype(jnp.int32)
+    hit1 = bx == i1
+    box1 = jnp.any(hit1) & in1
+    box2 = jnp.any(bx == i2) & in2
     valid = m > 0
-    push = valid & box1 & free2
-    moved = valid & (free1 | push)
-    cells = jnp.arange(n)
-    target = (flat == TARGET) | (flat == BOX_T) | (flat == PLAYER_T)
-    new = jnp.where(moved & (cells == p), jnp.where(target, TARGET, FLOOR), flat)
-    new = jnp.where(moved & (cells == i1), jnp.where(target, PLAYER_T, PLAYER), new)
-    new = jnp.where(push & (cells == i2), jnp.where(target, BOX_T, BOX), new).astype(jnp.int8)
+    push = valid & box1 & (k2 > 0) & ~box2
+    moved = valid & (((k1 > 0) & ~box1) | push)
+    new_boxes = sort_boxes(jnp.where(push & hit1, i2, bx)).astype(jnp.int8)
     new_player = jnp.where(moved, i1, p).astype(jnp.int8)
-    on = push & (v2 == TARGET)
-    off = push & (v1 == BOX_T)
-    new_board = new.reshape(h, w)
-    new_boxes = sort_boxes(jnp.where(push & (boxes.astype(jnp.int32) == i1), i2, boxes).astype(jnp.int8))
-    dist = lookup(tables, level, state_key(new_boxes, new_player, n))
-    return new_board, new_player, new_boxes, moved, on, off, dist
+    return new_player, new_boxes, moved, push & (k2 == 2), push & (k1 == 2)
 
 
 def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Outcome]:
-    """Apply a turn of primitive moves (``int32[K]``, 0 = no move) with explicit ``tables``."""
+    """Apply a turn of primitive moves (``int32[K]``, 0 = no move) with explicit ``tables``.
+
+    Moves update only (player, boxes) over the static layout, with an exact table lookup after each;
+    the int8 board is rebuilt once at the end of the turn.
+    """
     moves = jnp.asarray(moves, jnp.int32)
+    shape = state.board.shape
+    n = shape[0] * shape[1]
+    layout = _layout(state.board)
 
     def one(carry, move):
-        board, player, boxes, dist, reward, applied, invalid = carry
+        player, boxes, dist, reward, applied, invalid = carry
         bad = (move < 0) | (move > 4)
         active = (dist > 0) & ~bad & (move != 0)
-        nb, npl, nbx, moved, on, off, nd = _move(tables, board, player, boxes, state.level, move)
+        npl, nbx, moved, on, off = _move(layout, shape, player, boxes, move)
+        nd = lookup(tables, state.level, state_key(nbx, npl, n))
         moved = moved & active
         reward = reward + jnp.where(active, MOVE_PENALTY, 0.0)
         reward = reward + jnp.where(moved & on, BOX_ON_REWARD, 0.0)
         reward = reward + jnp.where(moved & off, BOX_OFF_REWARD, 0.0)
         reward = reward + jnp.where(moved & (nd == 0), SOLVED_REWARD, 0.0)
         carry = (
-            jnp.where(moved, nb, board),
             jnp.where(moved, npl, player),
             jnp.where(moved, nbx, boxes),
             jnp.where(moved, nd, dist),
@@ -228,16 +247,16 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
         )
         return carry, None
 
-    init = (state.board, state.player, state.boxes, state.distance, jnp.float32(0.0), jnp.int32(0),
-            jnp.int32(0))
-    (board, player, boxes, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
+    init = (state.player, state.boxes, state.distance, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
+    (player, boxes, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
+    board = _compose(layout, boxes, player, shape)
     new_state = state.replace(board=board, player=player, boxes=boxes, distance=dist)
     outcome = Outcome(
         reward=reward.astype(jnp.float32),
         solved=dist == 0,
         dead=dist < 0,
         moves_applied=applied,
-        boxes_on_target=(board == BOX_T).sum(dtype=jnp.int32),
+        boxes_on_target=jnp.sum(layout[boxes.astype(jnp.int32)] == 2, dtype=jnp.int32),
         distance=dist,
         invalid_moves=invalid,
     )
@@ -254,11 +273,13 @@ def step(state: State, moves: jax.Array) -> tuple[State, Outcome]:
 
 def optimal_moves_with(tables: Tables, state: State) -> jax.Array:
     """bool[4] for moves 1…4 (up, down, left, right): True where the move starts a shortest solution."""
-    outs = [
-        _move(tables, state.board, state.player, state.boxes, state.level, jnp.int32(m))[6]
-        for m in range(1, 5)
-    ]
-    dist = jnp.stack(outs)
+    layout = _layout(state.board)
+    n = state.board.size
+    keys = []
+    for m in range(1, 5):
+        npl, nbx, *_ = _move(layout, state.board.shape, state.player, state.boxes, jnp.int32(m))
+        keys.append(state_key(nbx, npl, n))
+    dist = lookup(tables, state.level, jnp.stack(keys))
     return (state.distance > 0) & (dist >= 0) & (dist == state.distance - 1)
 
 
