@@ -69,6 +69,16 @@ def test_goal_progress_counts_state_conditions_over_bindings():
              ("receptacletype", ("r", f"{p['recep']}type")), ("inreceptacle", ("a", "r"))]
     assert two(facts) == 0.5  # the same object cannot count twice
     assert two(facts + [("inreceptacle", ("b", "r"))]) == 1.0
+    look = generate_game("look", 3)
+    lp, o = GoalProgress(look["pddl_problem"]), look["params"]["obj"].lower()
+    room = [("objecttype", ("lamp", "desklamptype")), ("toggleable", ("lamp",)),
+            ("inreceptacle", ("lamp", "desk")),
+            ("receptacleatlocation", ("desk", "l1")), ("receptacleatlocation", ("bed", "l2")),
+            ("objecttype", ("thing", f"{o}type")), ("atlocation", ("agent1", "l0"))]
+    assert lp(room) == 0.25  # only "the lamp stands in a receptacle" holds
+    walked = [f for f in room if f[0] != "atlocation"] + [("atlocation", ("agent1", "l1"))]
+    assert lp(walked) == 0.5
+    assert lp(walked + [("istoggled", ("lamp",)), ("holds", ("agent1", "thing"))]) == 1.0
 
 
 def test_expert_solves_one_game_of_each_type(bridge):

@@ -9,7 +9,6 @@ The expert's next action comes from ALFWorld's planner, computed only when asked
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -65,6 +64,18 @@ class GoalProgress:
         self.literals: list[tuple[str, tuple[str, ...]]] = []
         self.distinct: list[tuple[str, str]] = []
         self._flatten(tree[1])
+        self.entities: dict[str, set[str]] = {}
+        objects = pddl_problem.find("(:objects")
+        if objects >= 0:
+            decl = _first_sexpr(pddl_problem[objects:])[1:]
+            names: list[str] = []
+            for i, tok in enumerate(decl):
+                if tok == "-" or (i > 0 and decl[i - 1] == "-"):
+                    if tok != "-":
+                        self.entities.setdefault(tok, set()).update(names)
+                        names = []
+                    continue
+                names.append(tok)
         self.fluents = [lit for lit in self.literals if lit[0] not in STATIC_PREDICATES]
         self.statics = [lit for lit in self.literals if lit[0] in STATIC_PREDICATES]
 
@@ -93,42 +104,75 @@ class GoalProgress:
         else:
             self.literals.append((head, tuple(node[1:])))
 
-    def __call__(self, facts: Iterable[tuple[str, tuple[str, ...]]], limit: int = 50_000) -> float:
-        """Best fraction of fluent literals satisfied over bindings that satisfy the static ones."""
+    def __call__(self, facts: Iterable[tuple[str, tuple[str, ...]]], limit: int = 20_000) -> float:
+        """Best fraction of fluent literals satisfied over bindings that satisfy the static ones.
+
+        Each variable ranges over the entities its static literals allow (else over the problem's
+        entities of its declared type); bindings are built variable by variable, pruned as soon as a
+        fully bound static literal or ``≠`` constraint fails; at most ``limit`` complete bindings.
+        """
+        if not self.fluents:
+            return 1.0
         fact_set = {(n.lower(), tuple(a.lower() for a in args)) for n, args in facts}
         by_pred: dict[str, list[tuple[str, ...]]] = {}
         for n, args in fact_set:
             by_pred.setdefault(n, []).append(args)
         candidates: dict[str, set[str] | None] = {v: None for v in self.variables}
-        for pred, args in self.literals:  # narrow each variable by every literal it appears in
+        for pred, args in self.statics:  # narrow each variable by the static literals it appears in
             rows = by_pred.get(pred, [])
             for pos, arg in enumerate(args):
-                if arg not in candidates:
-                    continue
-                ok = {
-                    r[pos] for r in rows
-                    if all(a in candidates or r[i] == a for i, a in enumerate(args))
-                }
-                if pred in STATIC_PREDICATES:
+                if arg in candidates:
+                    ok = {r[pos] for r in rows
+                          if all(a in candidates or r[i] == a for i, a in enumerate(args))}
                     candidates[arg] = ok if candidates[arg] is None else candidates[arg] & ok
-        entities = sorted({x for _, args in fact_set for x in args})
-        domains = [sorted(candidates[v]) if candidates[v] is not None else entities for v in self.variables]
-        if not self.fluents:
-            return 1.0
-        best = 0
-        for count, values in enumerate(itertools.product(*domains)):
-            if count >= limit:
-                break
-            bind = dict(zip(self.variables, values, strict=True))
-            if any(bind.get(a, a) == bind.get(b, b) for a, b in self.distinct):
-                continue
-            if not all((p, tuple(bind.get(a, a) for a in args)) in fact_set for p, args in self.statics):
-                continue
-            sat = sum((p, tuple(bind.get(a, a) for a in args)) in fact_set for p, args in self.fluents)
-            best = max(best, sat)
-            if best == len(self.fluents):
-                break
-        return best / len(self.fluents)
+        present = {x for _, args in fact_set for x in args}
+        domains = {}
+        for v, kind in self.variables.items():
+            if candidates[v] is not None:
+                domains[v] = sorted(candidates[v])
+            else:
+                typed = self.entities.get(kind)
+                domains[v] = sorted(present & typed if typed else present)
+        order = sorted(self.variables, key=lambda v: len(domains[v]))
+        depth_of = {v: i for i, v in enumerate(order)}
+
+        def ready_at(args: tuple[str, ...]) -> int:
+            return max((depth_of[a] for a in args if a in depth_of), default=-1)
+
+        statics_at: dict[int, list[tuple[str, tuple[str, ...]]]] = {}
+        for lit in self.statics:
+            statics_at.setdefault(ready_at(lit[1]), []).append(lit)
+        distinct_at: dict[int, list[tuple[str, str]]] = {}
+        for pair in self.distinct:
+            distinct_at.setdefault(ready_at(pair), []).append(pair)
+        bind: dict[str, str] = {}
+
+        def holds(pred: str, args: tuple[str, ...]) -> bool:
+            return (pred, tuple(bind.get(a, a) for a in args)) in fact_set
+
+        if any(not holds(p, a) for p, a in statics_at.get(-1, [])):
+            return 0.0
+        best, leaves, total = 0, 0, len(self.fluents)
+
+        def search(depth: int) -> bool:  # True: stop (perfect binding or limit reached)
+            nonlocal best, leaves
+            if depth == len(order):
+                leaves += 1
+                best = max(best, sum(holds(p, a) for p, a in self.fluents))
+                return best == total or leaves >= limit
+            var = order[depth]
+            for value in domains[var]:
+                bind[var] = value
+                if all(bind[a] != bind[b] for a, b in distinct_at.get(depth, [])) and all(
+                    holds(p, a) for p, a in statics_at.get(depth, [])
+                ):
+                    if search(depth + 1):
+                        return True
+            bind.pop(var, None)
+            return False
+
+        search(0)
+        return best / total
 
 
 # ------------------------------------------------------------------------------------------------
