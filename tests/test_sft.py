@@ -51,6 +51,15 @@ def test_pack_context_only_calls_and_end_token():
         sft.pack_calls([(p1, o1)], max_len=32, train=[True, False])
 
 
+def test_pack_starts_a_new_sequence_instead_of_outgrowing_max_len():
+    p1, o1 = _ids(1, 2), _ids(3)
+    p2, o2 = _ids(1, 2, 3, 4, 5), _ids(6, 7)  # extends call 1 but would make a 7-token chain
+    examples, stats = sft.pack_calls([(p1, o1), (p2, o2)], max_len=6)
+    assert stats.examples == 1 and stats.dropped == 1  # call 1 alone is kept; call 2 alone is too long
+    examples, stats = sft.pack_calls([(p1, o1), (p2, o2)], max_len=7)
+    assert stats.examples == 1 and len(examples[0].ids) == 7 and int(examples[0].own.sum()) == 3
+
+
 def test_pack_drops_too_long_and_skips_empty_outputs():
     examples, stats = sft.pack_calls([(_ids(1, 2, 3, 4), _ids(5, 6)), (_ids(1), _ids())], max_len=5)
     assert examples == [] and stats.dropped == 1

@@ -56,7 +56,8 @@ def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
     sequence (the last call's full text), with every output span marked as the model's own. ``train[i]``
     False keeps call i as context only (no loss on its output, e.g. a deliberate mistake in a recovery
     demonstration). With ``end_id`` (the end-of-turn token) an output that does not already end with it
-    gets it appended and trained, so the model learns to stop. Sequences longer than ``max_len`` are
+    gets it appended and trained, so the model learns to stop. A chain stops growing before it would
+    exceed ``max_len`` (the next call starts a new sequence); a single call longer than ``max_len`` is
     dropped rather than truncated (a truncated context would teach a different task).
     """
     if max_len < 2:
@@ -90,7 +91,7 @@ def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
             output = np.concatenate([output, np.asarray([end_id], np.int32)])
         full = np.concatenate([prompt, output])
         span = [(len(prompt), len(full))] if (train is None or train[i]) else []
-        if chain_ids is not None and _has_prefix(prompt, chain_ids):
+        if chain_ids is not None and len(full) <= max_len and _has_prefix(prompt, chain_ids):
             chain_ids = full
             chain_spans.extend(span)
         else:
