@@ -97,6 +97,15 @@ def test_kill_and_resume_gives_the_same_params(tmp_path):
     resumed.close()
 
 
-def test_bad_old_logprobs_setting_is_rejected(tmp_path):
+def test_bad_learn_settings_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="old_logprobs"):
         trainer(tmp_path, old_logprobs="fresh")
+    with pytest.raises(ValueError, match="estimator.*epochs"):
+        trainer(tmp_path, estimator="ppo", epochs=0)
+
+
+def test_cli_reports_a_bad_config(tmp_path, capsys):
+    from retrojax.cli import main
+
+    assert main(["train", "--config", "configs/sokoban_tiny.yaml", "--set", "learn.estimator=ppo"]) == 2
+    assert "learn.estimator" in capsys.readouterr().err

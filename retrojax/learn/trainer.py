@@ -94,12 +94,38 @@ def _mean_metrics(items: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def validate_learn_config(lc: Any) -> None:
+    """Reject settings the learner cannot run with, before any trial is collected."""
+    from retrojax.learn.advantages import ESTIMATORS, REFLECTION_REWARDS
+
+    problems = []
+    if lc.estimator not in ESTIMATORS:
+        problems.append(f"learn.estimator must be one of {ESTIMATORS}, got {lc.estimator!r}")
+    if lc.reflection_reward not in REFLECTION_REWARDS:
+        problems.append(f"learn.reflection_reward must be one of {REFLECTION_REWARDS}, "
+                        f"got {lc.reflection_reward!r}")
+    if lc.old_logprobs not in ("sampler", "recompute"):
+        problems.append(f"learn.old_logprobs must be sampler | recompute, got {lc.old_logprobs!r}")
+    if lc.lr_schedule not in ("constant", "cosine"):
+        problems.append(f"learn.lr_schedule must be constant | cosine, got {lc.lr_schedule!r}")
+    for name in ("epochs", "minibatches", "tasks_per_update", "max_batch_tokens", "logprob_chunk"):
+        if getattr(lc, name) < 1:
+            problems.append(f"learn.{name} must be ≥ 1, got {getattr(lc, name)}")
+    if not lc.seq_buckets or min(lc.seq_buckets) < 2:
+        problems.append(f"learn.seq_buckets must list lengths ≥ 2, got {lc.seq_buckets}")
+    if lc.clip_eps <= 0 or (lc.clip_eps_high is not None and lc.clip_eps_high <= 0):
+        problems.append("learn.clip_eps (and clip_eps_high) must be > 0")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 class Trainer:
     """ReTRAIL's learner around one policy model (see the module docstring)."""
 
     def __init__(self, cfg: Any, model: Any, tokenizer: Any = None, *, collect: Collect | None = None,
                  evaluate: Evaluate | None = None, num_tasks: int | None = None,
                  out_dir: str | Path | None = None, tensorboard: bool = True, progress: bool = True):
+        validate_learn_config(cfg.learn)
         self.cfg = cfg
         self.learn = cfg.learn
         self.tokenizer = tokenizer
@@ -129,9 +155,6 @@ class Trainer:
         self._writer: Any = None
         self._tensorboard = tensorboard
         self._warned_gap = False
-        if self.learn.old_logprobs not in ("sampler", "recompute"):
-            raise ValueError(f"learn.old_logprobs must be sampler | recompute, "
-                             f"got {self.learn.old_logprobs!r}")
 
     # --- the policy ------------------------------------------------------------------------------
     def model(self) -> Any:
@@ -449,8 +472,9 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         cfg = load(args.config, args.overrides)
-    except ConfigError as e:
-        print(f"error: {e}")
+        validate_learn_config(cfg.learn)
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     model = build_model(cfg)
     tokenizer = build_tokenizer(cfg)
