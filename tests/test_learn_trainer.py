@@ -109,3 +109,24 @@ def test_cli_reports_a_bad_config(tmp_path, capsys):
 
     assert main(["train", "--config", "configs/sokoban_tiny.yaml", "--set", "learn.estimator=ppo"]) == 2
     assert "learn.estimator" in capsys.readouterr().err
+
+
+def test_real_trial_loop_smoke(tmp_path):
+    """One update through the agent runner with a tiny random Qwen3: the sampler's log-probs match θ_old's
+    recomputation and the update runs on the recorded tokens (a KL term keeps zero-advantage calls in)."""
+    from retrojax.config import load
+    from retrojax.learn.trainer import build_model, build_tokenizer
+
+    cfg = load("configs/sokoban_tiny.yaml", [
+        f"run.out_dir={tmp_path}", "learn.updates=1", "learn.tasks_per_update=1", "trial.trials_per_task=2",
+        "learn.kl_coef=0.01", "learn.seq_buckets=[1024]", "eval.every=-1", "env.num_tasks=4",
+        "trial.max_calls=3"])
+    tr = Trainer(cfg, build_model(cfg), build_tokenizer(cfg), progress=False, tensorboard=False)
+    try:
+        (h,) = tr.fit()
+    finally:
+        tr.close()
+    assert h["rollout/results/T@3/n"] == 2.0
+    assert h["batch/sequences"] >= 1 and h["batch/dropped_calls"] == 0
+    assert h["check/logprob_gap_max"] < 1e-4
+    assert h["train/skipped_steps"] == 0.0 and np.isfinite(h["train/loss"])
