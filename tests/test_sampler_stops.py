@@ -125,6 +125,11 @@ def test_sampling_follows_the_distribution():
     np.testing.assert_allclose(freq, probs, atol=0.03)
     tokens, _ = sample(logits, keys, jnp.float32(1.0), jnp.float32(0.7), jnp.int32(0))
     assert set(np.unique(np.asarray(tokens)).tolist()) == {0, 1}
+    # tokens without mass are never drawn, wherever they sit in the vocabulary
+    masked = jnp.log(jnp.asarray([0.0, 0.5, 0.0, 0.5, 0.0], jnp.float32))[None].repeat(4000, 0)
+    tokens, lp = sample(masked, keys, jnp.float32(1.0), jnp.float32(1.0), jnp.int32(0))
+    assert set(np.unique(np.asarray(tokens)).tolist()) == {1, 3}
+    np.testing.assert_allclose(np.asarray(lp), np.log(0.5), atol=1e-6)
 
 
 def test_token_bytes_table_rejects_unknown_tokenizers():

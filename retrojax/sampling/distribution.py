@@ -62,8 +62,12 @@ def sample(
             scaled,
         )
         logp = jax.nn.log_softmax(filtered, axis=-1)
-        gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(keys)
-        tokens = jnp.argmax(jnp.where(jnp.isfinite(logp), logp + gumbel, -jnp.inf), axis=-1)
+        # inverse-CDF draw: one uniform u per row (a Gumbel draw needs V random numbers per row, which
+        # dominated the step on CPU); the pick is the first token whose CDF exceeds u, so P(i) = p_i and
+        # tokens without mass (CDF flat there) are never picked
+        cdf = jnp.cumsum(jnp.exp(logp), axis=-1)
+        u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys) * cdf[:, -1]
+        tokens = jnp.minimum(jnp.sum(cdf <= u[:, None], axis=-1), logits.shape[-1] - 1)
         return tokens.astype(jnp.int32), logp
 
     tokens, logp = jax.lax.cond(temperature <= 0.0, greedy, stochastic, None)
