@@ -71,6 +71,7 @@ class TextWorldBridge:
         self.pool = pool or WorkerPool(world, num_workers, timeout_s, world_kwargs, result_cache=result_cache)
         self.world = world
         self.trials: dict[int, TrialRecord] = {}
+        self.prefetch_expert = False  # scripted experts: workers precompute the next expert action
         self._next_trial = 0
         self._load = [0] * self.pool.num_workers
 
@@ -101,6 +102,7 @@ class TextWorldBridge:
             expected=rec.checkpoints[k].text,
             action=action,
             admissible=adm,
+            prefetch_expert=self.prefetch_expert and op in ("step", "restore"),
         )
 
     def _dispatch(self, items: list[tuple[int, Call | None]]) -> list[Reply | None]:
@@ -132,7 +134,8 @@ class TextWorldBridge:
             self._next_trial += 1
             self.trials[tid] = TrialRecord(task=task, worker=worker)
             ids.append(tid)
-        replies = self._dispatch([(t, Call(op="reset", task=self.trials[t].task, admissible=admissible))
+        replies = self._dispatch([(t, Call(op="reset", task=self.trials[t].task, admissible=admissible,
+                                              prefetch_expert=self.prefetch_expert))
                                   for t in ids])
         out = []
         for t, reply in zip(ids, replies, strict=True):

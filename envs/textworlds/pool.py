@@ -65,6 +65,7 @@ class Call:
     action: str | None = None
     fresh: bool = False  # replay even if the worker is already at this state (rewinds)
     admissible: bool = False  # attach the world's admissible actions to the returned observation
+    prefetch_expert: bool = False  # also work out the expert's next action at the resulting state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +90,10 @@ class Reply:
 
 CACHED_OPS = frozenset({"step", "admissible", "candidates", "expert", "goal"})
 RESULT_CACHE_SIZE = 4096
+
+
+def value_done(value: Any) -> bool:
+    return isinstance(value, Observation) and value.done
 
 
 class _WorkerState:
@@ -134,11 +139,20 @@ class _WorkerState:
         self.at, self.obs = (task, path), obs
         return obs, len(path) - start
 
+    @staticmethod
+    def _key(op: str, task: str, path: tuple[str, ...], action: str | None, admissible: bool) -> str:
+        return digest(op, task, str(len(path)), *path, action or "", str(admissible))
+
+    def _remember(self, key: str, value: Any) -> None:
+        self.cache[key] = value
+        self.cache.move_to_end(key)
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+
     def run(self, call: Call) -> tuple[Any, int]:
         key = None
         if self.cache_size > 0 and call.op in CACHED_OPS and not call.fresh:
-            key = digest(call.op, call.task, str(len(call.path)), *call.path, call.action or "",
-                         str(call.admissible))
+            key = self._key(call.op, call.task, call.path, call.action, call.admissible)
             if key in self.cache:
                 self.cache.move_to_end(key)
                 return self.cache[key], 0
@@ -146,9 +160,12 @@ class _WorkerState:
         if call.admissible and isinstance(value, Observation):
             value = dataclasses.replace(value, admissible=self.world.admissible())
         if key is not None:
-            self.cache[key] = value
-            if len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
+            self._remember(key, value)
+        if call.prefetch_expert and self.cache_size > 0 and self.at is not None and not value_done(value):
+            # the engine stands on the resulting state now: answer the expert call of the next turn
+            ekey = self._key("expert", *self.at, None, False)
+            if ekey not in self.cache:
+                self._remember(ekey, self.world.expert_action())
         return value, replayed
 
     def _run(self, call: Call) -> tuple[Any, int]:

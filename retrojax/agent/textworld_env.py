@@ -73,6 +73,7 @@ class TextWorldEnv(TrialEnv):
         self._errors: dict[int, str] = {}
         self._goals: dict[int, str] = {}
         self.num_slots = 0
+        self.prefetch_expert = False  # set by scripted experts: workers precompute the next expert action
 
     @property
     def num_tasks(self) -> int:
@@ -82,6 +83,7 @@ class TextWorldEnv(TrialEnv):
     def _bridge(self) -> TextWorldBridge:
         if self.bridge is None:
             self.bridge = TextWorldBridge(self.name, self.num_workers, self.timeout_s, self.world_kwargs)
+        self.bridge.prefetch_expert = self.prefetch_expert
         return self.bridge
 
     def open(self, num_slots: int, capacity: int) -> None:
@@ -233,9 +235,15 @@ class TextWorldEnv(TrialEnv):
     def random_actions(self, slots: Sequence[int], rng: np.random.Generator,
                        avoid: Sequence[frozenset[str]] = ()) -> list[str]:
         self._check(slots)
-        live = [s for s in slots if s not in self._errors]
+        pools: dict[int, list[str]] = {}
+        for s in slots:  # ALFWorld: the admissible commands came with the observation
+            adm = self._obs[s].admissible if s in self._obs else None
+            if self.name == "alfworld" and adm and adm.get("actions"):
+                pools[s] = list(adm["actions"])
+        live = [s for s in slots if s not in self._errors and s not in pools]
         outs = self._bridge().candidates([self._slot_trial[s] for s in live]) if live else []
-        pools = {s: (list(o.value) if o.ok and o.value else []) for s, o in zip(live, outs, strict=True)}
+        for s, o in zip(live, outs, strict=True):
+            pools[s] = list(o.value) if o.ok and o.value else []
         out = []
         for i, s in enumerate(slots):
             pool = pools.get(s) or ["look around" if self.name == "scienceworld" else "look"]
@@ -268,7 +276,14 @@ class TextWorldEnv(TrialEnv):
 
 class TextOraclePolicy(OraclePolicy):
     """``OraclePolicy`` (gold path / planner with probability 1 − ε, a random candidate otherwise, rewinds
-    and remarks) writing its actions in the world's format (a fenced ```action block for ALFWorld)."""
+    and remarks) writing its actions in the world's format (a fenced ```action block for ALFWorld). It asks
+    the workers to precompute the expert's next action with every step, so a turn costs one engine visit.
+    """
+
+    def begin(self, specs, slots, env) -> None:
+        super().begin(specs, slots, env)
+        if hasattr(env, "prefetch_expert"):
+            env.prefetch_expert = True
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         gens = super().generate(requests)
