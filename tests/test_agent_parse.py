@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import string
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,3 +129,16 @@ def test_fuzz_arbitrary_text(texts):
         for wrapped in (text, f"<action>{text}</action>"):
             _check(sok(wrapped), 6, 6)
             _check(ms(wrapped), 6, 6)
+
+
+@pytest.mark.parametrize("style", ["tag", "fence"])
+def test_format_action_round_trips_and_policies_write_the_worlds_format(style):
+    from types import SimpleNamespace
+
+    from retrojax.agent.policies import RandomPolicy
+
+    written = "I think.\n" + parse.format_action("go to desk 1", style)
+    assert parse.extract_action(written, style) == "go to desk 1"
+    policy = RandomPolicy()
+    policy.env = SimpleNamespace(action_style=style)
+    assert parse.extract_action(policy.act("rewind to C_0"), style) == "rewind to C_0"

@@ -34,6 +34,14 @@ _CELL = re.compile(r"^\s*\(?\s*(\d{1,9})\s*,\s*(\d{1,9})\s*\)?\s*\.?\s*$")
 _FENCE = re.compile(r"```[ \t]*action[ \t]*\r?\n(.*?)```", re.IGNORECASE | re.DOTALL)
 
 
+def format_action(action: str, style: str = "tag") -> str:
+    """``action`` marked the way a world's prompts ask for it: ``<action>…</action>`` or a fenced
+    ```action block; the inverse of :func:`extract_action` (scripted players write through it)."""
+    if style == "fence":
+        return f"```action\n{action}\n```"
+    return f"{OPEN_TAG}{action}{CLOSE_TAG}"
+
+
 def extract_action(text: str, style: str = "tag") -> str | None:
     """The content of the last complete action tag (``style="tag"``) or fenced block (``"fence"``).
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from retrojax.agent import parse
 from retrojax.agent.chat import ChatTokenizer, wrap_tokenizer
 from retrojax.agent.env_api import TrialEnv
 from retrojax.agent.trial import EXECUTE, REFLECT_CHOOSE, Generation, Request, TrialSpec, TrialView
@@ -49,6 +50,10 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         """One reply per request, in order."""
+
+    def act(self, action: str) -> str:
+        """``action`` in the reply format of the current world (tag or fenced block)."""
+        return parse.format_action(action, getattr(self.env, "action_style", "tag"))
 
     def end(self) -> None:  # noqa: B027  (optional hook; stateless policies keep nothing)
         """The batch is over (release per-trial state)."""
@@ -83,15 +88,15 @@ class RandomPolicy(Policy):
             if v.kind == EXECUTE:
                 if v.checkpoint > 0 and rng.random() < self.rewind_prob:
                     j = int(rng.integers(v.checkpoint))
-                    out.append(Generation(f"Going back.\n<action>rewind to C_{j}</action>"))
+                    out.append(Generation(f"Going back.\n{self.act(f'rewind to C_{j}')}"))
                 else:
                     move = self.env.random_actions([v.slot], rng)[0]
-                    out.append(Generation(f"A random move.\n<action>{move}</action>"))
+                    out.append(Generation(f"A random move.\n{self.act(move)}"))
             else:
                 text = f"<remark>Random play from C_{v.target} to C_{v.checkpoint} did not finish.</remark>"
                 if v.kind == REFLECT_CHOOSE:
                     j = int(v.targets[int(rng.integers(len(v.targets)))])
-                    text += f"\n<action>rewind to C_{j}</action>"
+                    text += f"\n{self.act(f'rewind to C_{j}')}"
                 out.append(Generation(text))
         return out
 
@@ -153,13 +158,13 @@ class OraclePolicy(Policy):
             if value <= 0:
                 self.last_random[req.trial] = last  # the reflection names it
                 return Generation(f"My random move '{last[2]}' did not help.\n"
-                                  f"<action>rewind to C_{k - 1}</action>")
+                                  f"{self.act(f'rewind to C_{k - 1}')}")
         avoid = frozenset(self.remembered(v).get(v.state_key, set()))
         if expert is None or expert in avoid or rng.random() < self.epsilon:
             action = self.env.random_actions([v.slot], rng, [avoid])[0]
             self.last_random[req.trial] = (k, v.state_key, action)
-            return Generation(f"Trying something.\n<action>{action}</action>")
-        return Generation(f"Following the plan.\n<action>{expert}</action>")
+            return Generation(f"Trying something.\n{self.act(action)}")
+        return Generation(f"Following the plan.\n{self.act(expert)}")
 
     def _reflect(self, req: Request) -> Generation:
         v = req.view
@@ -186,7 +191,7 @@ class OraclePolicy(Policy):
         lines.append(f"Plan from C_{j}: follow the expert line and avoid those actions.")
         text = "<remark>" + "\n".join(lines) + "</remark>"
         if v.kind == REFLECT_CHOOSE:
-            text += f"\n<action>rewind to C_{j}</action>"
+            text += f"\n{self.act(f'rewind to C_{j}')}"
         return Generation(text)
 
     @staticmethod

@@ -20,7 +20,6 @@ world's action format), and :func:`format_action`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,21 +28,13 @@ import numpy as np
 from envs.textworlds import Observation, TextWorldBridge
 from retrojax.agent import parse
 from retrojax.agent.env_api import MOVE, Action, StepInfo, TrialEnv, invalid
+from retrojax.agent.parse import format_action
 from retrojax.agent.policies import OraclePolicy
 from retrojax.agent.prompts import alfworld as _alfworld_prompts  # noqa: F401  (registers templates)
 from retrojax.agent.prompts import scienceworld as _scienceworld_prompts  # noqa: F401
-from retrojax.agent.trial import Generation, Request
 
 MAX_COMMAND_CHARS = 200
 DEFAULT_GENERATED_TASKS = 60
-_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
-
-
-def format_action(text: str, style: str) -> str:
-    """An action as the world's prompt asks for it: ``<action>…</action>`` or a fenced ```action block."""
-    if style == "fence":
-        return f"```action\n{text}\n```"
-    return f"<action>{text}</action>"
 
 
 def _one_line(text: str, limit: int = 160) -> str:
@@ -276,7 +267,7 @@ class TextWorldEnv(TrialEnv):
 
 class TextOraclePolicy(OraclePolicy):
     """``OraclePolicy`` (gold path / planner with probability 1 − ε, a random candidate otherwise, rewinds
-    and remarks) writing its actions in the world's format (a fenced ```action block for ALFWorld). It asks
+    and remarks); like every scripted policy it writes actions in the world's format (``Policy.act``). It asks
     the workers to precompute the expert's next action with every step, so a turn costs one engine visit.
     """
 
@@ -284,14 +275,6 @@ class TextOraclePolicy(OraclePolicy):
         super().begin(specs, slots, env)
         if hasattr(env, "prefetch_expert"):
             env.prefetch_expert = True
-
-    def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        gens = super().generate(requests)
-        style = getattr(self.env, "action_style", "tag")
-        if style == "tag":
-            return gens
-        return [Generation(_TAG.sub(lambda m: format_action(m.group(1).strip(), style), g.text),
-                           g.output_ids, g.logprobs, g.finish_reason) for g in gens]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -35,6 +35,12 @@ def make_policy(spec: str, cfg: Any) -> Policy:
             eps = float(arg) if arg else 0.0
         except ValueError as e:
             raise ValueError(f"--policy oracle:EPS needs a number EPS in [0, 1], got {arg!r}") from e
+        if not 0.0 <= eps <= 1.0:
+            raise ValueError(f"--policy oracle:EPS needs EPS in [0, 1], got {eps}")
+        if cfg.env.name in ("scienceworld", "alfworld"):
+            from retrojax.agent.textworld_env import TextOraclePolicy
+
+            return TextOraclePolicy(eps)  # asks the workers to precompute the expert's next command
         return OraclePolicy(eps)
     if kind == "model" and arg:
         import jax.numpy as jnp
