@@ -96,14 +96,15 @@ def test_loss_ignores_prompt_tokens():
     model = _tiny()
     ex = sft.Example(ids=_ids(1, 2, 3, 4, 5, 6), own=np.array([0, 0, 0, 1, 1, 0], bool))
     changed = sft.Example(ids=_ids(1, 2, 3, 4, 5, 9), own=ex.own)  # only a non-own target differs
+    loss = nnx.jit(sft.sft_loss)
     a = sft.collate([ex], 1, 8)
     b = sft.collate([changed], 1, 8)
-    la, _ = sft.sft_loss(model, {k: jnp.asarray(v) for k, v in a.items()})
-    lb, _ = sft.sft_loss(model, {k: jnp.asarray(v) for k, v in b.items()})
+    la, _ = loss(model, {k: jnp.asarray(v) for k, v in a.items()})
+    lb, _ = loss(model, {k: jnp.asarray(v) for k, v in b.items()})
     assert float(la) == pytest.approx(float(lb), rel=1e-6)
     own_changed = sft.Example(ids=_ids(1, 2, 3, 7, 5, 6), own=ex.own)
     c = sft.collate([own_changed], 1, 8)
-    lc, count = sft.sft_loss(model, {k: jnp.asarray(v) for k, v in c.items()})
+    lc, count = loss(model, {k: jnp.asarray(v) for k, v in c.items()})
     assert float(count) == 2.0 and abs(float(lc) - float(la)) > 1e-4
 
 
