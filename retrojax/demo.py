@@ -412,6 +412,10 @@ def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg:
                      f"The demo runs only {len(history)} updates of {cfg.learn.tasks_per_update} tasks x "
                      f"{cfg.trial.trials_per_task} trials on a CPU budget; more updates "
                      "(`--set learn.updates=…`), more trials per task, or a larger model are the levers.")
+    invalid = [h["rollout/invalid"] for h in history if "rollout/invalid" in h]
+    if len(invalid) >= 2:
+        notes.append(f"Invalid turns per training trial went from {invalid[0]:.2f} (update 1) to "
+                     f"{invalid[-1]:.2f} (update {len(invalid)}).")
     notes.append("Numbers are from one run with the seeds in the config; the 95% intervals are Wilson "
                  "intervals over trials.")
     return notes

@@ -24,6 +24,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 Results = Mapping[str, Mapping[str, Mapping[str, Any]]]
 
@@ -184,6 +185,7 @@ def plot_learning_curve(curve: Sequence[Mapping[str, Any]], path: str | Path) ->
             ax2.legend(loc="lower right")
     else:
         ax.text(0.5, 0.5, "no RL updates were run", ha="center", va="center", transform=ax.transAxes)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("RL update")
     ax.set_ylabel("success rate")
     ax.set_ylim(0, 1)
