@@ -59,6 +59,46 @@ class PromptSet:
 _REGISTRY: dict[tuple[str, str], PromptSet] = {}
 
 
+MEMORY = "Memory from an abandoned branch, kept at checkpoint C_{checkpoint}:\n{remark}"
+
+USER_COMPACT = (
+    "C_{checkpoint}:\n{observation}\n"
+    "replies {calls_used}/{calls_left} left, path turns {branch_used}/{branch_left} left, "
+    "rewind to: {targets}\n"
+    "{events}\n{note}"
+)
+
+
+def compact_set(*, system: str, rules: str, rewind_forbidden: str, triggers: dict[str, str],
+                action_style: str = "tag", target_label: str = "Latest") -> PromptSet:
+    """The compact family for small models: world-specific system prompt and rules, shared turn layout.
+
+    ``action_style`` says how a rewind is written (``tag``: ``<action>…</action>``; ``fence``: a fenced
+    ```action block); ``target_label`` names the default target in the choose-target reflection.
+    """
+    if action_style == "fence":
+        rewind, choose_tail = "Answer ```action\\nrewind to C_j\\n``` to restore", \
+            "then\n```action\nrewind to C_j\n```\nwith j in {targets}."
+    else:
+        rewind, choose_tail = "<action>rewind to C_j</action> restores", \
+            "then <action>rewind to C_j</action>, j in {targets}."
+    review = "{rules}\nWhy: {trigger}\n"
+    branch = "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
+    return PromptSet(
+        system=system, user=USER_COMPACT, memory=MEMORY,
+        reflect_known="Review before going back to C_{target}. " + review + "C_{target}:\n{state_target}\n"
+        + branch + "Write <remark>mistake, what to avoid, plan from C_{target}</remark>.",
+        reflect_choose="Review before going back. " + review + target_label + " C_{target}:\n{state_target}\n"
+        + branch + "Write <remark>mistake, what to avoid, plan</remark> " + choose_tail,
+        rules=rules,
+        rewind_allowed=f"Checkpoint C_i = after turn i. {rewind} "
+        + ("C_j " if action_style == "fence" else "C_j and keeps ")
+        + ("and keep your memory; " if action_style == "fence" else "your memory; ")
+        + "use it when a branch goes wrong.",
+        rewind_forbidden=rewind_forbidden, triggers=triggers,
+    )
+
+
 def register(key: str, style: str, prompts: PromptSet) -> None:
     """Add a template family (``key`` = a world's ``prompt_key``) in ``style``."""
     if style not in STYLES:

@@ -11,7 +11,7 @@ The observation block of each user turn carries the engine's text and the admiss
 
 from __future__ import annotations
 
-from retrojax.agent.prompts import PromptSet, register
+from retrojax.agent.prompts import MEMORY, PromptSet, compact_set, register
 
 _COMMANDS = (
     "go to <receptacle>; open <receptacle>; close <receptacle>; take <object> from <receptacle>; "
@@ -68,7 +68,6 @@ USER_FULL = (
     "Your command?"
 )
 
-MEMORY = "Memory from an abandoned branch, kept at checkpoint C_{checkpoint}:\n{remark}"
 
 _REFLECT_BODY = (
     "You are reviewing an ALFWorld attempt before going back.\n\nRules. {rules}\n\n"
@@ -103,36 +102,13 @@ SYSTEM_COMPACT = (
     "End with one block:\n```action\ngo to countertop 1\n```"
 )
 
-USER_COMPACT = (
-    "C_{checkpoint}:\n{observation}\n"
-    "replies {calls_used}/{calls_left} left, path turns {branch_used}/{branch_left} left, "
-    "rewind to: {targets}\n"
-    "{events}\n{note}"
-)
-
-REFLECT_KNOWN_COMPACT = (
-    "Review before going back to C_{target}. {rules}\nWhy: {trigger}\nC_{target}:\n{state_target}\n"
-    "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
-    "Write <remark>mistake, what to avoid, plan from C_{target}</remark>."
-)
-
-REFLECT_CHOOSE_COMPACT = (
-    "Review before going back. {rules}\nWhy: {trigger}\nLatest C_{target}:\n{state_target}\n"
-    "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
-    "Write <remark>mistake, what to avoid, plan</remark> then\n```action\nrewind to C_j\n```\n"
-    "with j in {targets}."
-)
-
 register("alfworld", "full", PromptSet(
     system=SYSTEM_FULL, user=USER_FULL, memory=MEMORY, reflect_known=REFLECT_KNOWN_FULL,
     reflect_choose=REFLECT_CHOOSE_FULL, rules=_RULES, rewind_allowed=_REWIND_ALLOWED,
     rewind_forbidden=_REWIND_FORBIDDEN, triggers=_TRIGGERS,
 ))
-register("alfworld", "compact", PromptSet(
-    system=SYSTEM_COMPACT, user=USER_COMPACT, memory=MEMORY, reflect_known=REFLECT_KNOWN_COMPACT,
-    reflect_choose=REFLECT_CHOOSE_COMPACT,
+register("alfworld", "compact", compact_set(
+    system=SYSTEM_COMPACT,
     rules="Household commands on numbered receptacles and objects; only admissible commands work. {goal}",
-    rewind_allowed="Checkpoint C_i = after turn i. Answer ```action\\nrewind to C_j\\n``` to restore C_j "
-    "and keep your memory; use it when a branch goes wrong.",
-    rewind_forbidden="No rewinds: every command is final.", triggers=_TRIGGERS,
+    rewind_forbidden="No rewinds: every command is final.", triggers=_TRIGGERS, action_style="fence",
 ))

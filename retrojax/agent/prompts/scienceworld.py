@@ -6,7 +6,7 @@ engine's text, the score so far and the admissible action templates and objects.
 
 from __future__ import annotations
 
-from retrojax.agent.prompts import PromptSet, register
+from retrojax.agent.prompts import MEMORY, PromptSet, compact_set, register
 
 _RULES = (
     "ScienceWorld is a text simulation of a house with rooms (kitchen, workshop, greenhouse, outside, …) "
@@ -62,7 +62,6 @@ USER_FULL = (
     "Your command?"
 )
 
-MEMORY = "Memory from an abandoned branch, kept at checkpoint C_{checkpoint}:\n{remark}"
 
 _REFLECT_BODY = (
     "You are reviewing a ScienceWorld attempt before going back.\n\nRules. {rules}\n\n"
@@ -98,35 +97,13 @@ SYSTEM_COMPACT = (
     "End with one tag: <action>go to kitchen</action>."
 )
 
-USER_COMPACT = (
-    "C_{checkpoint}:\n{observation}\n"
-    "replies {calls_used}/{calls_left} left, path turns {branch_used}/{branch_left} left, "
-    "rewind to: {targets}\n"
-    "{events}\n{note}"
-)
-
-REFLECT_KNOWN_COMPACT = (
-    "Review before going back to C_{target}. {rules}\nWhy: {trigger}\nC_{target}:\n{state_target}\n"
-    "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
-    "Write <remark>mistake, what to avoid, plan from C_{target}</remark>."
-)
-
-REFLECT_CHOOSE_COMPACT = (
-    "Review before going back. {rules}\nWhy: {trigger}\nLatest C_{target}:\n{state_target}\n"
-    "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
-    "Write <remark>mistake, what to avoid, plan</remark> then <action>rewind to C_j</action>, j in {targets}."
-)
-
 register("scienceworld", "full", PromptSet(
     system=SYSTEM_FULL, user=USER_FULL, memory=MEMORY, reflect_known=REFLECT_KNOWN_FULL,
     reflect_choose=REFLECT_CHOOSE_FULL, rules=_RULES, rewind_allowed=_REWIND_ALLOWED,
     rewind_forbidden=_REWIND_FORBIDDEN, triggers=_TRIGGERS,
 ))
-register("scienceworld", "compact", PromptSet(
-    system=SYSTEM_COMPACT, user=USER_COMPACT, memory=MEMORY, reflect_known=REFLECT_KNOWN_COMPACT,
-    reflect_choose=REFLECT_CHOOSE_COMPACT,
+register("scienceworld", "compact", compact_set(
+    system=SYSTEM_COMPACT,
     rules="Task: {goal} One command per turn; score 100 = done, negative = failed.",
-    rewind_allowed="Checkpoint C_i = after turn i. <action>rewind to C_j</action> restores C_j and keeps "
-    "your memory; use it when a branch goes wrong.",
     rewind_forbidden="No rewinds: every command is final.", triggers=_TRIGGERS,
 ))
