@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.benchkit import best_time, resetting_rollout
 from envs.minesweeper.boards import BoardBank, generate, init_batch, load_split
 from envs.minesweeper.rules import step
 from envs.trail import trail_init, trail_push, trail_rewind
@@ -31,34 +31,10 @@ JUMANJI_NOTE = (
 _LAST: dict[str, float] = {}  # our latest figures, so that measure_jumanji can print the ratio
 
 
-def _time(fn: Callable[[], object], reps: int) -> float:
-    """Best wall time of ``reps`` calls (after one warm-up call that also compiles)."""
-    jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
-def _where_tree(mask: jax.Array, a, b):
-    """Per-row select between two batched pytrees."""
-    return jax.tree_util.tree_map(lambda x, y: jnp.where(mask.reshape(-1, *([1] * (x.ndim - 1))), x, y), a, b)
 
 
-def _rollout(step_fn: Callable, done_fn: Callable) -> Callable:
-    """jit(scan(vmap(step))) over TURNS random cells, resetting finished rows to their start state."""
-
-    def run(start, cells):
-        def body(states, turn_cells):
-            new, out = jax.vmap(step_fn)(states, turn_cells)
-            reward, done = done_fn(out)
-            return _where_tree(done, start, new), jnp.sum(reward)
-
-        return jax.lax.scan(body, start, cells)
-
-    return jax.jit(run)
 
 
 def _cells(batch: int, h: int, w: int) -> jax.Array:
@@ -73,12 +49,12 @@ def _bank(quick: bool) -> BoardBank:
 def _steps_per_s(quick: bool) -> dict[str, float]:
     bank = _bank(quick)
     h, w = bank.shape
-    run = _rollout(step, lambda o: (o.reward, o.won | o.lost))
+    run = resetting_rollout(step, lambda s, o: (o.reward, o.won | o.lost))
     out = {}
     for b in BATCHES:
         start = init_batch(bank, np.arange(b) % len(bank))
         cells = _cells(b, h, w)
-        secs = _time(lambda start=start, cells=cells: run(start, cells), 2 if quick else 10)
+        secs = best_time(lambda start=start, cells=cells: run(start, cells), 2 if quick else 10)
         out[f"minesweeper.steps_per_s.{b}"] = b * TURNS / secs
     return out
 
@@ -163,12 +139,12 @@ def measure_jumanji(quick: bool = False) -> dict[str, float]:
         return {}
     print(JUMANJI_NOTE)
     env = Minesweeper(generator=UniformSamplingGenerator(num_rows=6, num_cols=6, num_mines=3))
-    run = _rollout(env.step, lambda ts: (ts.reward, ts.last()))
+    run = resetting_rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
     out = {}
     for b in BATCHES:
         start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
         cells = _cells(b, 6, 6)
-        secs = _time(lambda start=start, cells=cells: run(start, cells), 2 if quick else 10)
+        secs = best_time(lambda start=start, cells=cells: run(start, cells), 2 if quick else 10)
         out[f"jumanji.minesweeper.steps_per_s.{b}"] = b * TURNS / secs
     ours = _LAST.get("minesweeper.steps_per_s.1024")
     if ours:

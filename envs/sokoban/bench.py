@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import envs.sokoban as sk
+from envs.benchkit import best_time, resetting_rollout
 from envs.trail import trail_init, trail_push, trail_rewind
 
 BATCHES = (1, 64, 1024, 4096)
@@ -36,31 +36,10 @@ JUMANJI_NOTE = (
 )
 
 
-def _time(fn: Callable[[], object], reps: int) -> float:
-    """Best wall time of ``reps`` calls after one warm-up call (which also compiles)."""
-    jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
-def _select(mask: jax.Array, a, b):
-    return jax.tree_util.tree_map(lambda x, y: jnp.where(mask.reshape(-1, *([1] * (x.ndim - 1))), x, y), a, b)
 
 
-def _rollout(step_fn: Callable, done_fn: Callable) -> Callable:
-    def run(start, actions):
-        def body(states, act):
-            new, out = jax.vmap(step_fn)(states, act)
-            reward, done = done_fn(new, out)
-            return _select(done, start, new), jnp.sum(reward)
-
-        return jax.lax.scan(body, start, actions)
-
-    return jax.jit(run)
 
 
 def _bank(quick: bool) -> sk.LevelBank:
@@ -68,12 +47,12 @@ def _bank(quick: bool) -> sk.LevelBank:
 
 
 def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
-    run = _rollout(sk.step, lambda s, o: (o.reward, o.solved | o.dead))
+    run = resetting_rollout(sk.step, lambda s, o: (o.reward, o.solved | o.dead))
     out = {}
     for b in BATCHES:
         start = sk.init_batch(bank, jnp.arange(b) % len(bank))
         moves = jax.random.randint(jax.random.key(b), (TURNS, b, MOVES_PER_TURN), 1, 5, jnp.int32)
-        secs = _time(lambda start=start, moves=moves: run(start, moves), 2 if quick else 10)
+        secs = best_time(lambda start=start, moves=moves: run(start, moves), 2 if quick else 10)
         out[f"sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs
     return out
 
@@ -158,12 +137,12 @@ def measure_jumanji(quick: bool = False) -> dict[str, float]:
         print(f"note: jumanji Sokoban not measured ({type(err).__name__}: {err})")
         return {}
     env = Sokoban(generator=ToyGenerator())
-    run = _rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
+    run = resetting_rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
     out = {}
     for b in BATCHES:
         start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
         actions = jax.random.randint(jax.random.key(b), (TURNS * MOVES_PER_TURN, b), 0, 4, jnp.int32)
-        secs = _time(lambda start=start, actions=actions: run(start, actions), 2 if quick else 10)
+        secs = best_time(lambda start=start, actions=actions: run(start, actions), 2 if quick else 10)
         out[f"jumanji.sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs
     print(JUMANJI_NOTE)
     return out

@@ -1,0 +1,47 @@
+"""Shared timing harness for the environment benchmarks (``retrojax bench envs``).
+
+Both games and their Jumanji anchors are measured the same way: ``jit(scan(vmap(step)))`` over a fixed
+array of random actions, with finished rows put back to their start state by a per-row select so every
+step acts on a live episode, timed as the best of several calls after a compiling warm-up call.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def best_time(fn: Callable[[], object], reps: int) -> float:
+    """Best wall time (s) of ``reps`` calls of ``fn`` after one warm-up call (which also compiles)."""
+    jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def select_rows(mask: jax.Array, a, b):
+    """Per-row ``where`` between two batched pytrees (``mask``: bool [B])."""
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(mask.reshape(-1, *([1] * (x.ndim - 1))), x, y), a, b)
+
+
+def resetting_rollout(step_fn: Callable, done_fn: Callable) -> Callable:
+    """``run(start, actions)``: scan of ``vmap(step_fn)`` over ``actions`` ([T, B, ...]).
+
+    ``done_fn(new_state, output) -> (reward [B], done [B])``; done rows restart from ``start``.
+    """
+
+    def run(start, actions):
+        def body(states, act):
+            new, out = jax.vmap(step_fn)(states, act)
+            reward, done = done_fn(new, out)
+            return select_rows(done, start, new), jnp.sum(reward)
+
+        return jax.lax.scan(body, start, actions)
+
+    return jax.jit(run)
