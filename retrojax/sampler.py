@@ -18,7 +18,7 @@ Bookkeeping (host, numpy): per-row token ids and lengths (:class:`retrojax.sampl
 token of a conversation is *pending* — its keys/values are written by the next append or by the first decode
 step, which needs its logits anyway — so every slot is written exactly once and no logits are stored.
 
-Device (jit, static shapes, cache donated; the cached forward pass is :mod:`retrojax.sampling.forward`, which
+Device (jit, static shapes, cache donated; the cached forward pass is ``Qwen3.hidden_cached``, which
 updates the cache in place and limits attention to a power-of-two window of leading slots that covers the
 listed rows — ``min_window`` up to ``max_len``): ``_prefill`` writes up to one bucket of tokens per row
 (``chunk_buckets``; longer chunks go in several calls), ``_decode`` runs the whole decode in one
@@ -46,7 +46,6 @@ from flax import nnx
 
 from retrojax.model.qwen3 import KVCache, Qwen3, init_cache
 from retrojax.sampling.distribution import row_keys, sample
-from retrojax.sampling.forward import hidden_cached
 from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
 from retrojax.sampling.stops import (
     StopStringTables,
@@ -415,7 +414,7 @@ def _prefill_impl(graphdef, state, cache: KVCache, ids: jax.Array, write_start: 
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, state)
     positions = write_start[:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
-    _, cache = hidden_cached(model, ids, positions, cache, write_start, window)
+    _, cache = model.hidden_cached(ids, positions, cache, write_start, window)
     return cache
 
 
@@ -423,7 +422,7 @@ def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.
     """Feed each row's pending token (write_start == max_len: row untouched) and return its logits."""
     TRACES["next_logits"] += 1
     model = nnx.merge(graphdef, state)
-    hidden, cache = hidden_cached(model, tok[:, None], pos[:, None], cache, pos, window)
+    hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos, window)
     return model.project(hidden[:, 0]), cache
 
 
@@ -442,7 +441,7 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
     def body(c):
         live = ~c["done"]
         write = jnp.where(live, c["pos"], slots)
-        hidden, new_cache = hidden_cached(model, c["tok"][:, None], c["pos"][:, None], c["cache"], write,
+        hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write,
                                           window)
         logits = model.project(hidden[:, 0])
         new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)

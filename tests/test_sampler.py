@@ -15,7 +15,6 @@ from hf_fixtures import make_tiny_hf_checkpoint
 from retrojax.model.checkpoint import from_pretrained
 from retrojax.model.qwen3 import init_cache, token_logprobs
 from retrojax.sampler import TRACES, CacheOverflowError, Sampler, SamplerError
-from retrojax.sampling.forward import hidden_cached
 
 ROWS, MAX_LEN, BUCKETS, MIN_WINDOW = 4, 64, (8, 32), 32  # windows 32 and 64 both get exercised
 
@@ -257,16 +256,14 @@ def test_compilations_stay_bounded(model):
     assert TRACES["decode"] - before.get("decode", 0) <= windows
 
 
-def test_in_place_cached_forward_equals_the_models(model):
+def test_windowed_cached_forward_equals_the_full_window(model):
     cache = init_cache(model.config, 3, 32)
     ids = jnp.asarray(prompt(80, 30).reshape(3, 10))
     write_start = jnp.array([0, 5, 32], jnp.int32)  # row 2: nothing written
     positions = write_start[:, None] + jnp.arange(10)[None]
-    ours, ours_cache = hidden_cached(model, ids, positions, cache, write_start)
     ref, ref_cache = model.hidden_cached(ids, positions, cache, write_start)
-    np.testing.assert_allclose(np.asarray(ours), np.asarray(ref), atol=1e-6)
-    np.testing.assert_array_equal(np.asarray(ours_cache.k), np.asarray(ref_cache.k))
-    np.testing.assert_array_equal(np.asarray(ours_cache.v), np.asarray(ref_cache.v))
-    # a window covering every real query gives the same hidden states for rows 0 and 1
-    windowed, _ = hidden_cached(model, ids, positions, cache, write_start, window=16)
+    np.testing.assert_array_equal(np.asarray(ref_cache.k)[:, 2], np.asarray(cache.k)[:, 2])
+    # a window covering every real query gives the same hidden states and cache for rows 0 and 1
+    windowed, win_cache = model.hidden_cached(ids, positions, cache, write_start, window=16)
     np.testing.assert_allclose(np.asarray(windowed)[:2], np.asarray(ref)[:2], atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(win_cache.k), np.asarray(ref_cache.k))
