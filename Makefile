@@ -25,7 +25,7 @@ lint: install
 
 test: install
 	$(BIN)/ruff check retrojax envs tests
-	$(BIN)/python -m pytest tests -q -p no:cacheprovider --timeout=900
+	$(BIN)/python -m pytest tests -p no:cacheprovider --timeout=900
 
 clean:
 	rm -rf $(VENV) .pytest_cache
