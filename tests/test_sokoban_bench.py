@@ -1,4 +1,4 @@
-"""``retrojax bench envs`` output format and JSON (the measurements themselves are stubbed: speed lives
+"""``retrojax bench envs`` output format and JSON (the measurements are replaced by fixed fakes: speed lives
 in the bench command, not in tests)."""
 
 from __future__ import annotations
