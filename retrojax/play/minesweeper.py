@@ -16,11 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.minesweeper import deduce, init, is_lost, is_won, load_split, render, step
-from envs.trail import TrailOverflowError, trail_init, trail_push_checked, trail_rewind_checked
+from retrojax.play.session import PlaySession
 
 CAPACITY = 128
 _CELL = re.compile(r"^\(?\s*(-?\d+)\s*[, ]\s*(-?\d+)\s*\)?$")
-_REWIND = re.compile(r"^rewind\s+to\s+(?:c_?)?(\d+)$")
 
 
 def _show(state, scores: list[float], out) -> None:
@@ -43,67 +42,40 @@ def main(args: argparse.Namespace, stdin=None, out=None) -> int:
     h, w = state.board.shape
     num_mines = int(jnp.sum(board.mines))
     step_fn = jax.jit(step)
-    trail = trail_init(state, CAPACITY)
-    scores = [0.0]
     print(f"MineSweeper {args.split} #{args.index}: {h}x{w}, {num_mines} mines, "
           f"reference solution {int(board.solution_length)} reveals.", file=out)
     print("Reveal with (row,col), 1-indexed; 'rewind to C_j'; 'hint'; 'quit'.", file=out)
-    _show(state, scores, out)
-    while True:
-        print("> ", end="", file=out, flush=True)
-        line = stdin.readline()
-        if not line:
-            print("\nbye", file=out)
-            return 0
-        cmd = line.strip().lower()
-        if not cmd:
-            continue
-        if cmd in ("quit", "exit", "q"):
-            print("bye", file=out)
-            return 0
+    game = PlaySession(state, CAPACITY, _show, out)
+
+    def handle(cmd: str, line: str) -> None:
+        state = game.state
         if cmd == "hint":
             safe, mine = deduce(state)
             cells = [f"({r + 1},{c + 1})" for r, c in zip(*safe.nonzero(), strict=True)]
             hidden_mines = mine & ~np.asarray(state.revealed)
             mines = [f"({r + 1},{c + 1})" for r, c in zip(*hidden_mines.nonzero(), strict=True)]
-            print(f"provably safe: {' '.join(cells) or 'none'}; provably mines: {' '.join(mines) or 'none'}",
-                  file=out)
-            continue
-        m = _REWIND.match(cmd)
-        if m:
-            try:
-                trail, state = trail_rewind_checked(trail, int(m.group(1)))
-            except IndexError as err:
-                print(f"cannot rewind: {err}", file=out)
-                continue
-            del scores[int(m.group(1)) + 1 :]
-            print(f"rewound to C_{m.group(1)}", file=out)
-            _show(state, scores, out)
-            continue
+            game.say(f"provably safe: {' '.join(cells) or 'none'}; "
+                     f"provably mines: {' '.join(mines) or 'none'}")
+            return
         m = _CELL.match(cmd)
         if not m:
-            print(f"could not read {line.strip()!r}: type (row,col), 'rewind to C_j', 'hint' or 'quit'",
-                  file=out)
-            continue
+            game.say(f"could not read {line!r}: type (row,col), 'rewind to C_j', 'hint' or 'quit'")
+            return
         row, col = int(m.group(1)), int(m.group(2))
         if bool(is_lost(state) | is_won(state)):
-            print("this branch is over: 'rewind to C_j' or 'quit'", file=out)
-            continue
+            game.say("this branch is over: 'rewind to C_j' or 'quit'")
+            return
         if not (1 <= row <= h and 1 <= col <= w):
-            print(f"({row},{col}) is off the board (rows 1-{h}, columns 1-{w}): counted as a wasted reveal",
-                  file=out)
+            game.say(f"({row},{col}) is off the board (rows 1-{h}, columns 1-{w}): "
+                     "counted as a wasted reveal")
         new, outcome = step_fn(state, jnp.array([row - 1, col - 1], jnp.int32))
-        try:
-            trail = trail_push_checked(trail, new)
-        except TrailOverflowError as err:
-            print(f"cannot add a checkpoint: {err}; rewind first", file=out)
-            continue
-        state = new
-        scores.append(scores[-1] + float(outcome.reward))
-        print(f"reward {float(outcome.reward):+.1f}, opened {int(outcome.cells_opened)} cell(s)", file=out)
+        if not game.advance(new, float(outcome.reward)):
+            return
+        game.say(f"reward {float(outcome.reward):+.1f}, opened {int(outcome.cells_opened)} cell(s)")
         if bool(outcome.won):
-            print("all safe cells are open: you won!", file=out)
+            game.say("all safe cells are open: you won!")
         elif bool(outcome.lost):
-            print("that was a mine: this branch failed. 'rewind to C_j' to try again.", file=out)
-        _show(state, scores, out)
+            game.say("that was a mine: this branch failed. 'rewind to C_j' to try again.")
+        _show(game.state, game.scores, out)
 
+    return game.run(stdin, handle)

@@ -17,13 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs.sokoban as sk
-from envs.trail import TrailOverflowError, trail_init, trail_push_checked, trail_rewind_checked
+from retrojax.play.session import PlaySession
 
 CAPACITY = 256
 MOVES_PER_TURN = 3
 _NAMES = {"up": 1, "u": 1, "1": 1, "down": 2, "d": 2, "2": 2, "left": 3, "l": 3, "3": 3,
           "right": 4, "r": 4, "4": 4}
-_REWIND = re.compile(r"^rewind\s+(?:to\s+)?c_?(\d+)$")
 HELP = "moves: up/down/left/right (u/d/l/r), up to 3 per turn, e.g. 'up,left,left'; " \
        "'rewind to C_j'; 'hint'; 'quit'"
 
@@ -64,65 +63,38 @@ def main(args: argparse.Namespace, stdin=None, out=None) -> int:
         return 2
     step = jax.jit(sk.step)
     best = jax.jit(sk.optimal_moves)
-    trail = trail_init(state, CAPACITY)
-    scores = [0.0]
     print(f"Sokoban {args.split} #{args.index}: shortest solution {int(state.distance)} moves.", file=out)
     print(HELP, file=out)
-    _show(state, scores, out)
-    while True:
-        print("> ", end="", file=out, flush=True)
-        line = stdin.readline()
-        if not line:
-            print("\nbye", file=out)
-            return 0
-        cmd = line.strip().lower()
-        if not cmd:
-            continue
-        if cmd in ("quit", "exit", "q"):
-            print("bye", file=out)
-            return 0
+    game = PlaySession(state, CAPACITY, _show, out)
+
+    def handle(cmd: str, line: str) -> None:
+        state = game.state
         if cmd in ("help", "?"):
-            print(HELP, file=out)
-            continue
+            game.say(HELP)
+            return
         if cmd == "hint":
             options = np.flatnonzero(np.asarray(best(state))) + 1
             names = [sk.MOVE_NAMES[m] for m in options]
-            print(f"best next move(s): {', '.join(names) or 'none (solved or dead)'}", file=out)
-            continue
-        m = _REWIND.match(cmd)
-        if m:
-            j = int(m.group(1))
-            try:
-                trail, state = trail_rewind_checked(trail, j)
-            except IndexError as err:
-                print(f"cannot rewind: {err}", file=out)
-                continue
-            del scores[j + 1:]
-            print(f"rewound to C_{j}", file=out)
-            _show(state, scores, out)
-            continue
+            game.say(f"best next move(s): {', '.join(names) or 'none (solved or dead)'}")
+            return
         try:
             moves = parse_moves(cmd)
         except ValueError as err:
-            print(f"could not read {line.strip()!r}: {err}. {HELP}", file=out)
-            continue
+            game.say(f"could not read {line!r}: {err}. {HELP}")
+            return
         if bool(state.solved) or bool(state.dead):
-            print("this branch is over: 'rewind to C_j' or 'quit'", file=out)
-            continue
+            game.say("this branch is over: 'rewind to C_j' or 'quit'")
+            return
         padded = jnp.asarray(moves + [0] * (MOVES_PER_TURN - len(moves)), jnp.int32)
         new, outcome = step(state, padded)
-        try:
-            trail = trail_push_checked(trail, new)
-        except TrailOverflowError as err:
-            print(f"cannot add a checkpoint: {err}; rewind first", file=out)
-            continue
-        state = new
-        scores.append(scores[-1] + float(outcome.reward))
-        print(f"reward {float(outcome.reward):+.1f}, {int(outcome.moves_applied)}/{len(moves)} move(s) "
-              f"changed the room, boxes on target {int(outcome.boxes_on_target)}", file=out)
+        if not game.advance(new, float(outcome.reward)):
+            return
+        game.say(f"reward {float(outcome.reward):+.1f}, {int(outcome.moves_applied)}/{len(moves)} move(s) "
+                 f"changed the room, boxes on target {int(outcome.boxes_on_target)}")
         if bool(outcome.solved):
-            print("all boxes are on targets: solved!", file=out)
+            game.say("all boxes are on targets: solved!")
         elif bool(outcome.dead):
-            print("dead end: no sequence of moves can solve this any more. 'rewind to C_j' to recover.",
-                  file=out)
-        _show(state, scores, out)
+            game.say("dead end: no sequence of moves can solve this any more. 'rewind to C_j' to recover.")
+        _show(game.state, game.scores, out)
+
+    return game.run(stdin, handle)
