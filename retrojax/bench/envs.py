@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-from pathlib import Path
+
+from retrojax.bench import write_figures
 
 GOALS = (
     # (numerator key, denominator key, goal ratio, what)
@@ -47,8 +47,5 @@ def main(args: argparse.Namespace) -> int:
             ratio = figures[num] / figures[den]
             verdict = "meets" if ratio >= goal else "misses"
             print(f"note: {what}: {ratio:.3g}x ({verdict} the {goal:g}x goal)")
-    if getattr(args, "json", None):
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(figures, indent=2, sort_keys=True))
+    write_figures(figures, getattr(args, "json", None))
     return 0

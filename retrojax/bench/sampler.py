@@ -21,7 +21,6 @@ its batch keys are the batches it ran).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from retrojax.bench import print_figures, write_figures
 from retrojax.model.checkpoint import save_pretrained
 from retrojax.model.qwen3 import Qwen3, Qwen3Config
 from retrojax.sampler import Sampler
@@ -181,8 +181,6 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
 
 def main(args: argparse.Namespace) -> int:
     figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
-    for k, v in figures.items():
-        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
-    if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True))
+    print_figures(figures)
+    write_figures(figures, getattr(args, "json", None))
     return 0

@@ -21,16 +21,15 @@ The workers' result cache is off here (``result_cache=0``), so every figure is a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from envs.textworlds import TextWorldBridge
 from envs.textworlds.alfworld_gen import TASK_TYPES
+from retrojax.bench import print_figures, write_figures
 
 SW_TASKS = ("find-living-thing:3", "find-living-thing:4", "find-living-thing:5", "find-living-thing:6")
 
@@ -183,8 +182,6 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, fl
 
 def main(args: argparse.Namespace) -> int:
     figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
-    for k, v in figures.items():
-        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
-    if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True))
+    print_figures(figures)
+    write_figures(figures, getattr(args, "json", None))
     return 0

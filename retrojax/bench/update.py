@@ -14,14 +14,13 @@ code; the largest microbatch is then timed (after a compile warm-up, median of s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import jax
 import numpy as np
 
+from retrojax.bench import print_figures, write_figures
 from retrojax.config import LearnConfig
 from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import plan_batches
@@ -97,8 +96,6 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
 def main(args: argparse.Namespace) -> int:
     """Handler of ``retrojax bench update [--quick] [--json PATH]``."""
     figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
-    for k, v in figures.items():
-        print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")
-    if getattr(args, "json", None):
-        Path(args.json).write_text(json.dumps(figures, indent=2, sort_keys=True))
+    print_figures(figures)
+    write_figures(figures, getattr(args, "json", None))
     return 0
