@@ -54,3 +54,27 @@ def test_solved_and_unsolvable_rooms():
     assert sk.solve(sk.parse("# # # # #\n# P X O #\n# # # # #")) == 1
     assert sk.solve(sk.parse("# # # # #\n# X P O #\n# # # # #")) == -1
     assert sk.solve(sk.parse("# # # # #\n# P X _ #\n# # # # #")) == -1  # no target at all
+
+
+def test_dense_and_sorted_lookups_agree():
+    """The direct-address table (small rooms) and the binary search over sorted keys give the same distance
+    for every key of every level, and −1 (dead) for keys absent from a level's table."""
+    import jax.numpy as jnp
+
+    from envs.sokoban.rules import lookup
+
+    tables = sk.load_split("sokoban-6x6-2:test").tables
+    assert tables.dense is not None and tables.stride > 0
+    sorted_only = tables.replace(dense=None, stride=0)
+    counts, offsets = np.asarray(tables.counts), np.asarray(tables.offsets)
+    levels = np.repeat(np.arange(len(counts)), counts)
+    keys = np.asarray(tables.keys)[: counts.sum()]
+    rng = np.random.default_rng(0)
+    absent = rng.integers(0, tables.stride, size=4096)
+    absent_levels = rng.integers(0, len(counts), size=4096)
+    for lv, k in ((levels, keys), (absent_levels, absent)):
+        lv, k = jnp.asarray(lv, jnp.int32), jnp.asarray(k, jnp.int32)
+        dense, searched = lookup(tables, lv, k), lookup(sorted_only, lv, k)
+        np.testing.assert_array_equal(np.asarray(dense), np.asarray(searched))
+    present = np.asarray(lookup(tables, jnp.asarray(levels, jnp.int32), jnp.asarray(keys)))
+    assert (present >= 0).all() and offsets[0] == 0

@@ -48,6 +48,9 @@ class Tables:
     offsets: jax.Array  # int32 [L]
     counts: jax.Array  # int32 [L]
     search_steps: int = struct.field(pytree_node=False)  # binary-search iterations (static)
+    # Direct-address variant for small key spaces: dense[level * stride + key] = distance (−1 dead).
+    dense: jax.Array | None = None  # int16 [L * stride], or None (use the binary search)
+    stride: int = struct.field(pytree_node=False, default=0)  # C(cells, boxes) * cells: keys per level
 
 
 class TablesRef:
@@ -95,8 +98,18 @@ class Outcome:
     invalid_moves: jax.Array  # int32: codes outside 0…4 (ignored)
 
 
+DENSE_MAX_ENTRIES = 1 << 24  # 32 MiB of int16: above this the sorted table alone is used
+
+
 def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) -> Tables:
-    """Build device ``Tables`` from host arrays (see ``solver.distance_table``)."""
+    """Build device ``Tables`` from host arrays (see ``solver.distance_table``).
+
+    When every level's whole key space fits in ``DENSE_MAX_ENTRIES`` (e.g. 6×6 rooms with 2 boxes:
+    630 box sets × 36 cells per level), a direct-address array is built as well, so a lookup is one gather
+    instead of a binary search; larger rooms use the sorted table only.
+    """
+    import math
+
     from envs.sokoban.text import check_encodable
 
     check_encodable(num_cells, 1, num_boxes)
@@ -105,12 +118,22 @@ def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) ->
     keys = np.asarray(keys, np.int32)
     if keys.size == 0:  # keep gathers well-defined for tables with no solvable state
         keys, dists = np.full(1, np.iinfo(np.int32).max, np.int32), np.zeros(1, np.int16)
+    offsets = np.asarray(offsets, np.int32)
+    dists = np.asarray(dists, np.int16)
+    stride = math.comb(num_cells, num_boxes) * num_cells
+    dense = None
+    if 0 < len(counts) * stride <= DENSE_MAX_ENTRIES:
+        dense = np.full(len(counts) * stride, -1, np.int16)
+        for level, (off, cnt) in enumerate(zip(offsets, counts, strict=True)):
+            dense[level * stride + keys[off : off + cnt]] = dists[off : off + cnt]
     return Tables(
         keys=jnp.asarray(keys),
-        dists=jnp.asarray(np.asarray(dists, np.int16)),
-        offsets=jnp.asarray(np.asarray(offsets, np.int32)),
+        dists=jnp.asarray(dists),
+        offsets=jnp.asarray(offsets),
         counts=jnp.asarray(counts),
         search_steps=max(1, max_count.bit_length() + 1),
+        dense=None if dense is None else jnp.asarray(dense),
+        stride=stride if dense is not None else 0,
     )
 
 
@@ -144,6 +167,8 @@ def state_key(boxes: jax.Array, player: jax.Array, num_cells: int) -> jax.Array:
 def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
     """Exact distance for ``key`` (any shape) in ``level``'s table segment; −1 when absent (dead)."""
     key = jnp.asarray(key, jnp.int32)
+    if tables.dense is not None:
+        return jnp.take(tables.dense, level * tables.stride + key, mode="clip")
     lo = jnp.broadcast_to(tables.offsets[level], key.shape)
     end = lo + tables.counts[level]
     last = tables.keys.shape[0] - 1
