@@ -17,10 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.benchkit import best_time, resetting_rollout
+from envs.benchkit import best_time, resetting_rollout, rewind_us_per_trial
 from envs.minesweeper.boards import BoardBank, generate, init_batch, load_split
 from envs.minesweeper.rules import step
-from envs.trail import trail_init, trail_push, trail_rewind
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
@@ -79,25 +78,8 @@ def _rewind(quick: bool) -> dict[str, float]:
     bank = _bank(quick)
     h, w = bank.shape
     states = init_batch(bank, np.arange(trials) % len(bank))
-    trails = jax.vmap(lambda s: trail_init(s, capacity))(states)
-    push = jax.jit(jax.vmap(trail_push))
-    step_all = jax.jit(jax.vmap(step))
-    key = jax.random.key(0)
-    for _ in range(capacity - 1):
-        key, sub = jax.random.split(key)
-        states, _ = step_all(states, jax.random.randint(sub, (trials, 2), 0, jnp.array([h, w]), jnp.int32))
-        trails, _ = push(trails, states)
-    targets = jax.random.randint(key, (trials,), 0, capacity, jnp.int32)
-    # as the agent loop does it: the trail buffer is donated, so only C_j and the lengths are written
-    rewind = jax.jit(jax.vmap(trail_rewind), donate_argnums=0)
-    trails, cj = rewind(trails, targets)
-    jax.block_until_ready(cj)
-    secs = float("inf")
-    for _ in range(10 if quick else 50):
-        t0 = time.perf_counter()
-        trails, cj = rewind(trails, targets)
-        jax.block_until_ready((trails, cj))
-        secs = min(secs, time.perf_counter() - t0)
+    cells = lambda key: jax.random.randint(key, (trials, 2), 0, jnp.array([h, w]), jnp.int32)
+    us = rewind_us_per_trial(states, step, cells, capacity, 10 if quick else 50)
     objs = [NumpyMineSweeper(bank.mines[i % len(bank)], tuple(bank.first_click[i % len(bank)]))
             for i in range(trials)]
     deep = float("inf")
@@ -107,7 +89,7 @@ def _rewind(quick: bool) -> dict[str, float]:
         deep = min(deep, time.perf_counter() - t0)
     assert len(copies) == trials
     return {
-        "minesweeper.rewind_us_per_trial": secs / trials * 1e6,
+        "minesweeper.rewind_us_per_trial": us,
         "minesweeper.deepcopy_rewind_us_per_trial": deep / trials * 1e6,
     }
 

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs.sokoban as sk
-from envs.benchkit import best_time, resetting_rollout
-from envs.trail import trail_init, trail_push, trail_rewind
+from envs.benchkit import best_time, resetting_rollout, rewind_us_per_trial
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
@@ -59,26 +58,8 @@ def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
 
 def _rewind_us(bank: sk.LevelBank, quick: bool) -> float:
     states = sk.init_batch(bank, jnp.arange(REWIND_TRIALS) % len(bank))
-    trails = jax.vmap(trail_init, in_axes=(0, None))(states, REWIND_CAPACITY)
-    push = jax.jit(jax.vmap(trail_push))
-    step = jax.jit(jax.vmap(sk.step))
-    key = jax.random.key(0)
-    for _ in range(REWIND_CAPACITY - 1):
-        key, sub = jax.random.split(key)
-        states, _ = step(states, jax.random.randint(sub, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32))
-        trails, _ = push(trails, states)
-    targets = jax.random.randint(key, (REWIND_TRIALS,), 0, REWIND_CAPACITY, jnp.int32)
-    # As the agent loop does it: the trail buffer is donated, so only C_j and the lengths are written.
-    rewind = jax.jit(jax.vmap(trail_rewind), donate_argnums=0)
-    trails, cj = rewind(trails, targets)
-    jax.block_until_ready(cj)
-    best = float("inf")
-    for _ in range(10 if quick else 50):
-        t0 = time.perf_counter()
-        trails, cj = rewind(trails, targets)
-        jax.block_until_ready((trails, cj))
-        best = min(best, time.perf_counter() - t0)
-    return best / REWIND_TRIALS * 1e6
+    moves = lambda key: jax.random.randint(key, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32)
+    return rewind_us_per_trial(states, sk.step, moves, REWIND_CAPACITY, 10 if quick else 50)
 
 
 class NumpySokoban:
