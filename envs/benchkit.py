@@ -2,13 +2,15 @@
 
 Both games and their Jumanji anchors are measured the same way: ``jit(scan(vmap(step)))`` over a fixed
 array of random actions, with finished rows put back to their start state by a per-row select so every
-step acts on a live episode, timed as the best of several calls after a compiling warm-up call.
+step acts on a live episode, timed as the best of several calls after a compiling warm-up call. Ours and
+the anchor are timed in alternation (``paired_best``), so a change in machine load during the run hits
+both figures alike instead of skewing their ratio.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +26,20 @@ def best_time(fn: Callable[[], object], reps: int) -> float:
         t0 = time.perf_counter()
         jax.block_until_ready(fn())
         best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def paired_best(fns: Sequence[Callable[[], object]], reps: int) -> list[float]:
+    """Best wall time (s) of each of ``fns`` over ``reps`` rounds that call every function once in turn
+    (after one warm-up call each, which also compiles)."""
+    for fn in fns:
+        jax.block_until_ready(fn())
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn())
+            best[i] = min(best[i], time.perf_counter() - t0)
     return best
 
 

@@ -57,24 +57,36 @@ def test_solved_and_unsolvable_rooms():
 
 
 def test_dense_and_sorted_lookups_agree():
-    """The direct-address table (small rooms) and the binary search over sorted keys give the same distance
-    for every key of every level, and −1 (dead) for keys absent from a level's table."""
+    """The direct-address table over compact (floor-cell) keys and the binary search over sorted keys give
+    the same distance for every state in every level's table, and −1 (dead) for states absent from it,
+    including states with a box or the player on a wall."""
     import jax.numpy as jnp
 
-    from envs.sokoban.rules import lookup
+    from envs.sokoban.rules import distance_at
+    from envs.sokoban.solver import decode_keys, encode
+    from envs.sokoban.text import WALL
 
-    tables = sk.load_split("sokoban-6x6-2:test").tables
-    assert tables.dense is not None and tables.stride > 0
-    sorted_only = tables.replace(dense=None, stride=0)
-    counts, offsets = np.asarray(tables.counts), np.asarray(tables.offsets)
+    bank = sk.load_split("sokoban-6x6-2:test")
+    tables = bank.tables
+    cells = int(np.asarray(bank.boards[0]).size)
+    assert tables.dense is not None and tables.stride > 0 and tables.floors < cells
+    sorted_only = tables.replace(dense=None, stride=0, floor_rank=None, floors=0)
+    counts = np.asarray(tables.counts)
     levels = np.repeat(np.arange(len(counts)), counts)
     keys = np.asarray(tables.keys)[: counts.sum()]
+    boxes, player = decode_keys(keys, cells, 2)
+    np.testing.assert_array_equal(encode(boxes, player, cells), keys)
     rng = np.random.default_rng(0)
-    absent = rng.integers(0, tables.stride, size=4096)
-    absent_levels = rng.integers(0, len(counts), size=4096)
-    for lv, k in ((levels, keys), (absent_levels, absent)):
-        lv, k = jnp.asarray(lv, jnp.int32), jnp.asarray(k, jnp.int32)
-        dense, searched = lookup(tables, lv, k), lookup(sorted_only, lv, k)
+    rand_boxes = np.sort(np.stack([rng.choice(cells, 2, replace=False) for _ in range(4096)]), axis=1)
+    rand_player = np.array([rng.choice(np.setdiff1d(np.arange(cells), b)) for b in rand_boxes])
+    rand_levels = rng.integers(0, len(counts), size=4096)
+    for lv, bx, pl in ((levels, boxes, player), (rand_levels, rand_boxes, rand_player)):
+        lv, bx, pl = jnp.asarray(lv, jnp.int32), jnp.asarray(bx, jnp.int8), jnp.asarray(pl, jnp.int8)
+        dense = distance_at(tables, lv, bx, pl, cells)
+        searched = distance_at(sorted_only, lv, bx, pl, cells)
         np.testing.assert_array_equal(np.asarray(dense), np.asarray(searched))
-    present = np.asarray(lookup(tables, jnp.asarray(levels, jnp.int32), jnp.asarray(keys)))
-    assert (present >= 0).all() and offsets[0] == 0
+    present = np.asarray(distance_at(tables, jnp.asarray(levels, jnp.int32), jnp.asarray(boxes, jnp.int8),
+                                     jnp.asarray(player, jnp.int8), cells))
+    assert (present >= 0).all()
+    walls = np.asarray(bank.boards).reshape(len(counts), -1) == WALL
+    assert walls[rand_levels, rand_player].any()  # the random states do include walls

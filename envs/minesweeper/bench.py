@@ -5,19 +5,21 @@ the figure measures the environment, not the random number generator); a board t
 put back to its initial state inside the scan (a select), the same for Jumanji, so both keep stepping
 live boards. Rewind: restoring ``C_j`` (random j) for 1024 trials at once from a batched trail of 16
 checkpoints with a donated buffer, against ``copy.deepcopy`` of 1024 plain numpy MineSweeper objects (the
-way upstream code checkpoints). Times are the best of several runs.
+way upstream code checkpoints). Times are the best of several runs; our rollout and Jumanji's are
+timed in alternation at each batch size (``benchkit.paired_best``).
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.benchkit import best_time, resetting_rollout, rewind_us_per_trial
+from envs.benchkit import paired_best, resetting_rollout, rewind_us_per_trial
 from envs.minesweeper.boards import BoardBank, generate, init_batch, load_split
 from envs.minesweeper.rules import step
 
@@ -27,13 +29,6 @@ JUMANJI_NOTE = (
     "note: Jumanji's Minesweeper reveals only the chosen cell (no cascade) and ends an episode on an "
     "invalid action; ours opens the full cascade on every reveal."
 )
-_LAST: dict[str, float] = {}  # our latest figures, so that measure_jumanji can print the ratio
-
-
-
-
-
-
 
 
 def _cells(batch: int, h: int, w: int) -> jax.Array:
@@ -45,16 +40,38 @@ def _bank(quick: bool) -> BoardBank:
     return generate(7, 16) if quick else load_split("minesweeper-6x6-3:train")
 
 
+def _jumanji_rollouts() -> dict[int, Callable[[], object]] | None:
+    """Jumanji's Minesweeper (6×6, 3 mines) rollouts per batch size, or None when jumanji is missing."""
+    try:
+        from jumanji.environments import Minesweeper
+        from jumanji.environments.logic.minesweeper.generator import UniformSamplingGenerator
+    except ImportError:
+        print("jumanji is not installed: no jumanji.minesweeper figures")
+        return None
+    print(JUMANJI_NOTE)
+    env = Minesweeper(generator=UniformSamplingGenerator(num_rows=6, num_cols=6, num_mines=3))
+    run = resetting_rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
+    out = {}
+    for b in BATCHES:
+        start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
+        out[b] = lambda start=start, cells=_cells(b, 6, 6): run(start, cells)
+    return out
+
+
 def _steps_per_s(quick: bool) -> dict[str, float]:
+    """``minesweeper.steps_per_s.B`` and, with jumanji installed, ``jumanji.minesweeper.steps_per_s.B``."""
     bank = _bank(quick)
     h, w = bank.shape
     run = resetting_rollout(step, lambda s, o: (o.reward, o.won | o.lost))
+    theirs = _jumanji_rollouts()
     out = {}
     for b in BATCHES:
         start = init_batch(bank, np.arange(b) % len(bank))
-        cells = _cells(b, h, w)
-        secs = best_time(lambda start=start, cells=cells: run(start, cells), 2 if quick else 10)
-        out[f"minesweeper.steps_per_s.{b}"] = b * TURNS / secs
+        fns = [lambda start=start, cells=_cells(b, h, w): run(start, cells)] + ([theirs[b]] if theirs else [])
+        secs = paired_best(fns, 2 if quick else 10)
+        out[f"minesweeper.steps_per_s.{b}"] = b * TURNS / secs[0]
+        if theirs:
+            out[f"jumanji.minesweeper.steps_per_s.{b}"] = b * TURNS / secs[1]
     return out
 
 
@@ -104,33 +121,6 @@ def _generate_speed(quick: bool) -> dict[str, float]:
 
 
 def measure(quick: bool = False) -> dict[str, float]:
-    """``minesweeper.*`` figures: steps/s at B ∈ {1, 64, 1024, 4096}, rewind vs deepcopy, generation."""
-    figures = {**_steps_per_s(quick), **_rewind(quick), **_generate_speed(quick)}
-    _LAST.clear()
-    _LAST.update(figures)
-    return figures
-
-
-def measure_jumanji(quick: bool = False) -> dict[str, float]:
-    """``jumanji.minesweeper.steps_per_s.*``: 6×6 boards, 3 mines, the same rollout; {} without jumanji."""
-    try:
-        from jumanji.environments import Minesweeper
-        from jumanji.environments.logic.minesweeper.generator import UniformSamplingGenerator
-    except ImportError:
-        print("jumanji is not installed: no jumanji.minesweeper figures")
-        return {}
-    print(JUMANJI_NOTE)
-    env = Minesweeper(generator=UniformSamplingGenerator(num_rows=6, num_cols=6, num_mines=3))
-    run = resetting_rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
-    out = {}
-    for b in BATCHES:
-        start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
-        cells = _cells(b, 6, 6)
-        secs = best_time(lambda start=start, cells=cells: run(start, cells), 2 if quick else 10)
-        out[f"jumanji.minesweeper.steps_per_s.{b}"] = b * TURNS / secs
-    ours = _LAST.get("minesweeper.steps_per_s.1024")
-    if ours:
-        ratio = ours / out["jumanji.minesweeper.steps_per_s.1024"]
-        verdict = "meets" if ratio >= 2.0 else "misses"
-        print(f"note: MineSweeper (with cascade) vs Jumanji, B=1024: {ratio:.3g}x ({verdict} the 2x goal)")
-    return out
+    """``minesweeper.*`` figures (steps/s at B ∈ {1, 64, 1024, 4096}, rewind vs deepcopy, generation) and
+    the Jumanji anchor ``jumanji.minesweeper.steps_per_s.*``."""
+    return {**_steps_per_s(quick), **_rewind(quick), **_generate_speed(quick)}

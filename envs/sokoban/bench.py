@@ -9,20 +9,22 @@ dead/distance lookups included. ``jumanji.sokoban.steps_per_s.B`` runs Jumanji's
 vmapped ``trail_rewind`` with the trail donated, as the agent loop calls it);
 ``sokoban.deepcopy_rewind_us_per_trial`` is ``copy.deepcopy`` of 1024 plain numpy Sokoban objects (the way
 upstream code checkpoints). ``sokoban.generate_s_per_level`` includes the exact distance table;
-``sokoban.solve_ms_per_state`` is the host BFS from a level's start. Times are the best of a few runs.
+``sokoban.solve_ms_per_state`` is the host BFS from a level's start. Times are the best of a few runs;
+our rollout and Jumanji's are timed in alternation at each batch size (``benchkit.paired_best``).
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import envs.sokoban as sk
-from envs.benchkit import best_time, resetting_rollout, rewind_us_per_trial
+from envs.benchkit import paired_best, resetting_rollout, rewind_us_per_trial
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
@@ -35,24 +37,48 @@ JUMANJI_NOTE = (
 )
 
 
-
-
-
-
-
-
 def _bank(quick: bool) -> sk.LevelBank:
     return sk.generate(3, 16) if quick else sk.load_split("sokoban-6x6-2:train")
 
 
-def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
+def _our_rollout(bank: sk.LevelBank, b: int) -> Callable[[], object]:
     run = resetting_rollout(sk.step, lambda s, o: (o.reward, o.solved | o.dead))
+    start = sk.init_batch(bank, jnp.arange(b) % len(bank))
+    moves = jax.random.randint(jax.random.key(b), (TURNS, b, MOVES_PER_TURN), 1, 5, jnp.int32)
+    return lambda: run(start, moves)
+
+
+def _jumanji_rollouts() -> dict[int, Callable[[], object]] | None:
+    """Jumanji's Sokoban (ToyGenerator) rollouts of ``TURNS * MOVES_PER_TURN`` primitive steps per batch
+    size, or None (with a printed note) when jumanji is not installed."""
+    try:
+        from jumanji.environments import Sokoban
+        from jumanji.environments.routing.sokoban.generator import ToyGenerator
+    except Exception as err:  # jumanji is an optional extra; any import failure means "not measured"
+        print(f"note: jumanji Sokoban not measured ({type(err).__name__}: {err})")
+        return None
+    env = Sokoban(generator=ToyGenerator())
+    run = resetting_rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
     out = {}
     for b in BATCHES:
-        start = sk.init_batch(bank, jnp.arange(b) % len(bank))
-        moves = jax.random.randint(jax.random.key(b), (TURNS, b, MOVES_PER_TURN), 1, 5, jnp.int32)
-        secs = best_time(lambda start=start, moves=moves: run(start, moves), 2 if quick else 10)
-        out[f"sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs
+        start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
+        actions = jax.random.randint(jax.random.key(b), (TURNS * MOVES_PER_TURN, b), 0, 4, jnp.int32)
+        out[b] = lambda start=start, actions=actions: run(start, actions)
+    print(JUMANJI_NOTE)
+    return out
+
+
+def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
+    """``sokoban.steps_per_s.B`` and, with jumanji installed, ``jumanji.sokoban.steps_per_s.B``."""
+    theirs = _jumanji_rollouts()
+    moves = TURNS * MOVES_PER_TURN
+    out = {}
+    for b in BATCHES:
+        fns = [_our_rollout(bank, b)] + ([theirs[b]] if theirs else [])
+        secs = paired_best(fns, 2 if quick else 10)
+        out[f"sokoban.steps_per_s.{b}"] = b * moves / secs[0]
+        if theirs:
+            out[f"jumanji.sokoban.steps_per_s.{b}"] = b * moves / secs[1]
     return out
 
 
@@ -92,7 +118,8 @@ def _deepcopy_us(bank: sk.LevelBank, quick: bool) -> float:
 
 
 def measure(quick: bool = False) -> dict[str, float]:
-    """All ``sokoban.*`` figures (``quick``: a small generated bank and fewer repetitions)."""
+    """All ``sokoban.*`` figures and the Jumanji anchor ``jumanji.sokoban.steps_per_s.*`` (``quick``: a
+    small generated bank and fewer repetitions)."""
     bank = _bank(quick)
     out = _steps_per_s(bank, quick)
     out["sokoban.rewind_us_per_trial"] = _rewind_us(bank, quick)
@@ -106,24 +133,4 @@ def measure(quick: bool = False) -> dict[str, float]:
     for level in levels:
         sk.solve(level)
     out["sokoban.solve_ms_per_state"] = (time.perf_counter() - t0) / len(levels) * 1e3
-    return out
-
-
-def measure_jumanji(quick: bool = False) -> dict[str, float]:
-    """``jumanji.sokoban.steps_per_s.*`` with the same rollout; {} (and a printed note) without jumanji."""
-    try:
-        from jumanji.environments import Sokoban
-        from jumanji.environments.routing.sokoban.generator import ToyGenerator
-    except Exception as err:  # jumanji is an optional extra; any import failure means "not measured"
-        print(f"note: jumanji Sokoban not measured ({type(err).__name__}: {err})")
-        return {}
-    env = Sokoban(generator=ToyGenerator())
-    run = resetting_rollout(env.step, lambda s, ts: (ts.reward, ts.last()))
-    out = {}
-    for b in BATCHES:
-        start, _ = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), b))
-        actions = jax.random.randint(jax.random.key(b), (TURNS * MOVES_PER_TURN, b), 0, 4, jnp.int32)
-        secs = best_time(lambda start=start, actions=actions: run(start, actions), 2 if quick else 10)
-        out[f"jumanji.sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs
-    print(JUMANJI_NOTE)
     return out

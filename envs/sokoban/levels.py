@@ -62,7 +62,8 @@ class Level:
         if self._ref is None:
             keys, dists = solver.distance_table(self.board)
             self._ref = TablesRef(
-                make_tables(keys, dists, [0], [len(keys)], self.board.size, self.num_boxes)
+                make_tables(keys, dists, [0], [len(keys)], self.board.size, self.num_boxes,
+                            floor_masks=(self.board != WALL).reshape(1, -1))
             )
         return self._ref
 
@@ -116,7 +117,8 @@ def _assemble(boards: np.ndarray, keys: list[np.ndarray], dists: list[np.ndarray
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
     num_boxes = int(np.isin(boards[0], (BOX, BOX_T)).sum())
     tables = make_tables(
-        np.concatenate(keys), np.concatenate(dists), offsets, counts, boards[0].size, num_boxes
+        np.concatenate(keys), np.concatenate(dists), offsets, counts, boards[0].size, num_boxes,
+        floor_masks=(boards != WALL).reshape(len(boards), -1),
     )
     flat = boards.reshape(len(boards), -1)
     players = np.argmax(np.isin(flat, (PLAYER, PLAYER_T)), axis=1).astype(np.int8)

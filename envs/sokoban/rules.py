@@ -13,9 +13,12 @@ bytes. Two entry points use the same branch-free core:
   carry a reference to their tables as a static (non-pytree) field compared by identity, so the trail
   and vmap never copy the tables, and under ``jit`` they become constants of that one program.
 
-Exact ``dead``/``distance`` after every primitive move is a binary search of the state's int32 key in its
-level's segment of the flat sorted table (a fixed number of gather steps, vmappable). A state reachable
-from the level start is solvable iff its key is in the table, so the lookup is exact, not a heuristic.
+Exact ``dead``/``distance`` after every primitive move is a table lookup (``distance_at``). A state
+reachable from the level start is solvable iff its key is in the table, so the lookup is exact, not a
+heuristic. Two forms: for small rooms a direct-address array indexed by a *compact* key (the state key
+over the level's non-wall cells only, e.g. 16 of 36 cells in a walled 6×6 room: 1.9k instead of 22.7k
+slots per level, so the array of a whole split stays cache-sized), one gather per move; otherwise a binary
+search of the int32 key in the level's segment of the flat sorted table (a fixed number of gathers).
 
 Moves: 0 no move, 1 up, 2 down, 3 left, 4 right; a code outside 0…4 is ignored and counted in
 ``Outcome.invalid_moves``. Each executed non-zero move costs −0.1 (also when blocked, as in gym-sokoban);
@@ -48,9 +51,13 @@ class Tables:
     offsets: jax.Array  # int32 [L]
     counts: jax.Array  # int32 [L]
     search_steps: int = struct.field(pytree_node=False)  # binary-search iterations (static)
-    # Direct-address variant for small key spaces: dense[level * stride + key] = distance (−1 dead).
+    # Direct-address variant for small key spaces: dense[level * stride + compact_key] = distance (−1 dead),
+    # where the compact key is the state key over the level's floor cells (floor_rank: flat cell -> index
+    # among the level's non-wall cells in reading order, −1 on walls).
     dense: jax.Array | None = None  # int16 [L * stride], or None (use the binary search)
-    stride: int = struct.field(pytree_node=False, default=0)  # C(cells, boxes) * cells: keys per level
+    stride: int = struct.field(pytree_node=False, default=0)  # C(floors, boxes) * floors: keys per level
+    floor_rank: jax.Array | None = None  # int8 [L * cells]: level * cells + cell -> floor index, −1 wall
+    floors: int = struct.field(pytree_node=False, default=0)  # most non-wall cells of any level
 
 
 class TablesRef:
@@ -101,15 +108,14 @@ class Outcome:
 DENSE_MAX_ENTRIES = 1 << 24  # 32 MiB of int16: above this the sorted table alone is used
 
 
-def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) -> Tables:
+def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int, floor_masks=None) -> Tables:
     """Build device ``Tables`` from host arrays (see ``solver.distance_table``).
 
-    When every level's whole key space fits in ``DENSE_MAX_ENTRIES`` (e.g. 6×6 rooms with 2 boxes:
-    630 box sets × 36 cells per level), a direct-address array is built as well, so a lookup is one gather
-    instead of a binary search; larger rooms use the sorted table only.
+    ``floor_masks`` (bool [L, cells], the non-wall cells of each level) enables the direct-address array
+    when every level's compact key space fits ``DENSE_MAX_ENTRIES`` in total (e.g. 6×6 rooms with 2 boxes:
+    at most 16 floor cells, 120 box sets × 16 cells per level); without it, or for larger rooms, lookups
+    use the sorted table only.
     """
-    import math
-
     from envs.sokoban.text import check_encodable
 
     check_encodable(num_cells, 1, num_boxes)
@@ -120,21 +126,42 @@ def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int) ->
         keys, dists = np.full(1, np.iinfo(np.int32).max, np.int32), np.zeros(1, np.int16)
     offsets = np.asarray(offsets, np.int32)
     dists = np.asarray(dists, np.int16)
-    stride = math.comb(num_cells, num_boxes) * num_cells
-    dense = None
-    if 0 < len(counts) * stride <= DENSE_MAX_ENTRIES:
-        dense = np.full(len(counts) * stride, -1, np.int16)
-        for level, (off, cnt) in enumerate(zip(offsets, counts, strict=True)):
-            dense[level * stride + keys[off : off + cnt]] = dists[off : off + cnt]
-    return Tables(
+    tables = Tables(
         keys=jnp.asarray(keys),
         dists=jnp.asarray(dists),
         offsets=jnp.asarray(offsets),
         counts=jnp.asarray(counts),
         search_steps=max(1, max_count.bit_length() + 1),
-        dense=None if dense is None else jnp.asarray(dense),
-        stride=stride if dense is not None else 0,
     )
+    if floor_masks is None:
+        return tables
+    dense = _compact_dense(keys, dists, offsets, counts, np.asarray(floor_masks, bool), num_boxes)
+    if dense is None:
+        return tables
+    array, stride, rank, floors = dense
+    return tables.replace(dense=jnp.asarray(array), stride=stride, floor_rank=jnp.asarray(rank),
+                          floors=floors)
+
+
+def _compact_dense(keys, dists, offsets, counts, floor_masks: np.ndarray, num_boxes: int):
+    """``(dense, stride, floor_rank, floors)`` for the direct-address lookup, or None when too large."""
+    import math
+
+    from envs.sokoban import solver
+
+    levels, cells = floor_masks.shape
+    floors = max(int(floor_masks.sum(axis=1).max()), num_boxes + 1)
+    stride = math.comb(floors, num_boxes) * floors
+    if levels != len(counts) or levels * stride > DENSE_MAX_ENTRIES:
+        return None
+    rank = np.where(floor_masks, np.cumsum(floor_masks, axis=1) - 1, -1).astype(np.int8)
+    dense = np.full(levels * stride, -1, np.int16)
+    for level, (off, cnt) in enumerate(zip(offsets, counts, strict=True)):
+        boxes, player = solver.decode_keys(keys[off : off + cnt], cells, num_boxes)
+        r = rank[level]
+        compact = solver.encode(r[boxes], r[player], floors)
+        dense[level * stride + compact] = dists[off : off + cnt]
+    return dense, stride, rank.reshape(-1), floors
 
 
 def sort_boxes(boxes: jax.Array) -> jax.Array:
@@ -155,8 +182,8 @@ def state_key(boxes: jax.Array, player: jax.Array, num_cells: int) -> jax.Array:
     """
     b = boxes.astype(jnp.int32)
     rank = jnp.int32(0)
-    for k in range(b.shape[0]):
-        c = b[k]
+    for k in range(b.shape[-1]):
+        c = b[..., k]
         binom = jnp.int32(1)
         for j in range(1, k + 2):
             binom = binom * jnp.maximum(c - j + 1, 0) // j
@@ -165,10 +192,9 @@ def state_key(boxes: jax.Array, player: jax.Array, num_cells: int) -> jax.Array:
 
 
 def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
-    """Exact distance for ``key`` (any shape) in ``level``'s table segment; −1 when absent (dead)."""
+    """Exact distance for a state ``key`` (any shape) by binary search in ``level``'s sorted table segment;
+    −1 when absent (dead)."""
     key = jnp.asarray(key, jnp.int32)
-    if tables.dense is not None:
-        return jnp.take(tables.dense, level * tables.stride + key, mode="clip")
     lo = jnp.broadcast_to(tables.offsets[level], key.shape)
     end = lo + tables.counts[level]
     last = tables.keys.shape[0] - 1
@@ -186,9 +212,26 @@ def lookup(tables: Tables, level: jax.Array, key: jax.Array) -> jax.Array:
     return jnp.where(found, tables.dists[idx], jnp.int16(-1)).astype(jnp.int16)
 
 
+def distance_at(tables: Tables, level: jax.Array, boxes: jax.Array, player: jax.Array,
+                num_cells: int) -> jax.Array:
+    """Exact distance of the state (sorted ``boxes`` int8[..., nb], ``player``) in ``level``; −1 dead.
+
+    Direct-address gather on the compact key when the tables have one, else the binary search."""
+    if tables.dense is None:
+        return lookup(tables, level, state_key(boxes, player, num_cells))
+    lv = jnp.asarray(level, jnp.int32)
+    base = lv * num_cells
+    rb = jnp.take(tables.floor_rank, base[..., None] + boxes.astype(jnp.int32), mode="clip")
+    rp = jnp.take(tables.floor_rank, base + player.astype(jnp.int32), mode="clip")
+    on_floor = jnp.all(rb >= 0, axis=-1) & (rp >= 0)
+    key = state_key(jnp.maximum(rb, 0), jnp.maximum(rp, 0), tables.floors)
+    dist = jnp.take(tables.dense, lv * tables.stride + key, mode="clip")
+    return jnp.where(on_floor, dist, jnp.int16(-1)).astype(jnp.int16)
+
+
 def distance_of(tables: Tables, state: State) -> jax.Array:
     """Exact shortest distance to solution of ``state`` (−1 dead), via the tables."""
-    return lookup(tables, state.level, state_key(state.boxes, state.player, state.board.size))
+    return distance_at(tables, state.level, state.boxes, state.player, state.board.size)
 
 
 def _layout(board: jax.Array) -> jax.Array:
@@ -256,7 +299,7 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
         bad = (move < 0) | (move > 4)
         active = (dist > 0) & ~bad & (move != 0)
         npl, nbx, moved, on, off = _move(layout, shape, player, boxes, move)
-        nd = lookup(tables, state.level, state_key(nbx, npl, n))
+        nd = distance_at(tables, state.level, nbx, npl, n)
         moved = moved & active
         reward = reward + jnp.where(active, MOVE_PENALTY, 0.0)
         reward = reward + jnp.where(moved & on, BOX_ON_REWARD, 0.0)
@@ -300,11 +343,11 @@ def optimal_moves_with(tables: Tables, state: State) -> jax.Array:
     """bool[4] for moves 1…4 (up, down, left, right): True where the move starts a shortest solution."""
     layout = _layout(state.board)
     n = state.board.size
-    keys = []
+    dist = []
     for m in range(1, 5):
         npl, nbx, *_ = _move(layout, state.board.shape, state.player, state.boxes, jnp.int32(m))
-        keys.append(state_key(nbx, npl, n))
-    dist = lookup(tables, state.level, jnp.stack(keys))
+        dist.append(distance_at(tables, state.level, nbx, npl, n))
+    dist = jnp.stack(dist)
     return (state.distance > 0) & (dist >= 0) & (dist == state.distance - 1)
 
 

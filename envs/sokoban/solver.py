@@ -74,6 +74,27 @@ def keys_of(room: Room, boxes: np.ndarray, player: np.ndarray) -> np.ndarray:
     return rank * room.cells + player
 
 
+def encode(boxes: np.ndarray, player: np.ndarray, cells: int) -> np.ndarray:
+    """int64 keys ``rank(sorted boxes) * cells + player`` (``rules.state_key`` on the host)."""
+    boxes = np.asarray(boxes, np.int64)
+    nb = boxes.shape[-1]
+    rank = binomial_table(cells, nb)[boxes, np.arange(1, nb + 1)].sum(axis=-1)
+    return rank * cells + np.asarray(player, np.int64)
+
+
+def decode_keys(keys: np.ndarray, cells: int, num_boxes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of ``encode``: sorted box cells int64 [S, num_boxes] and player cells int64 [S]."""
+    keys = np.asarray(keys, np.int64)
+    rank, player = np.divmod(keys, cells)
+    binom = binomial_table(cells, num_boxes)
+    boxes = np.zeros((len(keys), num_boxes), np.int64)
+    for k in range(num_boxes, 0, -1):  # colex unranking: the largest c with C(c, k) <= rank
+        c = np.searchsorted(binom[:, k], rank, side="right") - 1
+        boxes[:, k - 1] = c
+        rank = rank - binom[c, k]
+    return boxes, player
+
+
 def is_solved(room: Room, boxes: np.ndarray) -> np.ndarray:
     return room.targets[boxes].all(axis=1)
 

@@ -1,7 +1,7 @@
 """``retrojax bench envs``: speed figures of the functional environments under stable keys.
 
-Runs ``envs.sokoban.bench`` and, when importable, ``envs.minesweeper.bench`` (each: ``measure`` for our
-environment and ``measure_jumanji`` for the Jumanji anchor, measured in the same process). Prints
+Runs ``envs.sokoban.bench`` and, when importable, ``envs.minesweeper.bench`` (each module's ``measure``
+times our environment and, when jumanji is installed, its Jumanji anchor in alternation). Prints
 ``key value`` lines sorted by key, then one ``note:`` line per speed goal, and writes the figures as JSON
 with ``--json PATH``.
 """
@@ -18,6 +18,8 @@ GOALS = (
     # (numerator key, denominator key, goal ratio, what)
     ("sokoban.steps_per_s.1024", "jumanji.sokoban.steps_per_s.1024", 2.0, "Sokoban vs Jumanji, B=1024"),
     ("sokoban.deepcopy_rewind_us_per_trial", "sokoban.rewind_us_per_trial", 1000.0, "rewind vs deepcopy"),
+    ("minesweeper.steps_per_s.1024", "jumanji.minesweeper.steps_per_s.1024", 2.0,
+     "MineSweeper (with cascade) vs Jumanji, B=1024"),
 )
 
 
@@ -34,7 +36,6 @@ def collect(quick: bool) -> dict[str, float]:
     figures: dict[str, float] = {}
     for mod in _env_modules():
         figures.update(mod.measure(quick))
-        figures.update(mod.measure_jumanji(quick))
     return figures
 
 
