@@ -121,6 +121,29 @@ def test_blocked_attention_is_exact():
     np.testing.assert_allclose(np.asarray(out4), np.asarray(out), atol=1e-6)
 
 
+def test_causal_blocks_cut_keys_exactly(monkeypatch):
+    """With a causal (and key-padding) mask, blocks that attend only to keys up to their last row give the
+    same values and gradients as full attention."""
+    from retrojax.model import qwen3
+
+    monkeypatch.setattr(qwen3, "CAUSAL_Q_BLOCK", 4)
+    kq, kk, kv = jax.random.split(jax.random.key(7), 3)
+    t = 11
+    q = jax.random.normal(kq, (2, t, 4, 8))
+    k = jax.random.normal(kk, (2, t, 2, 8))
+    v = jax.random.normal(kv, (2, t, 2, 8))
+    pad = jnp.arange(t)[None, :] < jnp.array([[t], [7]])
+    mask = jnp.tril(jnp.ones((t, t), bool))[None] & pad[:, None, :]
+
+    def loss(q, k, v, causal):
+        return (qwen3.attend(q, k, v, mask, causal=causal) ** 2).sum()
+
+    full = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, False)
+    cut = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v, True)
+    for a, b in zip(jax.tree.leaves(full), jax.tree.leaves(cut), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
 def test_bf16_params_fp32_logits():
     cfg = PRESETS["tiny"]
     ids = _ids(1, 5)
