@@ -47,7 +47,7 @@ class ModelConfig:
 
     path: str | None = None  # local checkpoint directory; None = build the preset
     tokenizer: str | None = None  # tokenizer directory; default: `path`
-    preset: str = "tiny"  # qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | tiny | demo
+    preset: str = "tiny"  # qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | tiny | demo | small
     dtype: str = "float32"  # float32 | bfloat16
     seed: int = 0
 

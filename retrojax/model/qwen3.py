@@ -182,7 +182,7 @@ PRESETS: dict[str, Qwen3Config] = {
     "qwen3-4b": _preset(151_936, 2560, 9728, 36, 32, 8, 128, True),
     "qwen3-8b": _preset(151_936, 4096, 12288, 36, 32, 8, 128, False),
     "tiny": _preset(1000, 64, 128, 2, 4, 2, 16, True, max_pos=4096),
-    "demo": _preset(2048, 128, 384, 4, 4, 2, 32, True, max_pos=4096),
+    "demo": _preset(2048, 256, 1024, 2, 4, 2, 64, True, max_pos=4096),
     "small": _preset(2048, 256, 768, 6, 8, 4, 32, True, max_pos=8192),
 }
 
