@@ -9,6 +9,7 @@ both figures alike instead of skewing their ratio.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 
@@ -41,6 +42,18 @@ def paired_best(fns: Sequence[Callable[[], object]], reps: int) -> list[float]:
             jax.block_until_ready(fn())
             best[i] = min(best[i], time.perf_counter() - t0)
     return best
+
+
+def deepcopy_us_per_object(objects: Sequence[object], reps: int) -> float:
+    """Microseconds per object to ``copy.deepcopy`` every one of ``objects`` (best of ``reps`` rounds): the
+    way upstream code checkpoints a plain Python/numpy environment, for the rewind comparison."""
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        copies = [copy.deepcopy(o) for o in objects]
+        best = min(best, time.perf_counter() - t0)
+        assert len(copies) == len(objects)
+    return best / len(objects) * 1e6
 
 
 def select_rows(mask: jax.Array, a, b):

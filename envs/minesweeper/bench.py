@@ -11,7 +11,6 @@ timed in alternation at each batch size (``benchkit.paired_best``).
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
@@ -19,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.benchkit import paired_best, resetting_rollout, rewind_us_per_trial
+from envs.benchkit import deepcopy_us_per_object, paired_best, resetting_rollout, rewind_us_per_trial
 from envs.minesweeper.boards import BoardBank, generate, init_batch, load_split
 from envs.minesweeper.rules import step
 
@@ -99,15 +98,9 @@ def _rewind(quick: bool) -> dict[str, float]:
     us = rewind_us_per_trial(states, step, cells, capacity, 10 if quick else 50)
     objs = [NumpyMineSweeper(bank.mines[i % len(bank)], tuple(bank.first_click[i % len(bank)]))
             for i in range(trials)]
-    deep = float("inf")
-    for _ in range(2 if quick else 5):
-        t0 = time.perf_counter()
-        copies = [copy.deepcopy(o) for o in objs]
-        deep = min(deep, time.perf_counter() - t0)
-    assert len(copies) == trials
     return {
         "minesweeper.rewind_us_per_trial": us,
-        "minesweeper.deepcopy_rewind_us_per_trial": deep / trials * 1e6,
+        "minesweeper.deepcopy_rewind_us_per_trial": deepcopy_us_per_object(objs, 2 if quick else 5),
     }
 
 

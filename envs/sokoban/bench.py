@@ -15,7 +15,6 @@ our rollout and Jumanji's are timed in alternation at each batch size (``benchki
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 
@@ -24,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs.sokoban as sk
-from envs.benchkit import paired_best, resetting_rollout, rewind_us_per_trial
+from envs.benchkit import deepcopy_us_per_object, paired_best, resetting_rollout, rewind_us_per_trial
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
@@ -108,13 +107,7 @@ class NumpySokoban:
 def _deepcopy_us(bank: sk.LevelBank, quick: bool) -> float:
     boards = np.asarray(bank.boards)
     envs = [NumpySokoban(boards[i % len(boards)]) for i in range(REWIND_TRIALS)]
-    best = float("inf")
-    for _ in range(2 if quick else 5):
-        t0 = time.perf_counter()
-        copies = [copy.deepcopy(e) for e in envs]
-        best = min(best, time.perf_counter() - t0)
-    assert len(copies) == REWIND_TRIALS
-    return best / REWIND_TRIALS * 1e6
+    return deepcopy_us_per_object(envs, 2 if quick else 5)
 
 
 def measure(quick: bool = False) -> dict[str, float]:
