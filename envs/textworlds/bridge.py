@@ -12,7 +12,7 @@ with the same error.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from envs.textworlds.base import Observation
@@ -119,6 +119,21 @@ class TextWorldBridge:
             out[i] = reply
         return out
 
+    def _answers(self, items: list[tuple[int, Call | None]], args: Sequence[Any], usage: dict[int, str],
+                 accept: Callable[[TrialRecord, Any, Observation], Observation]) -> list[Outcome]:
+        """Dispatch ``items`` and turn each reply into an ``Outcome``: a usage error or a failed worker as
+        such, else ``accept(record, arg, observation)`` updates the record and gives the observation."""
+        out = []
+        for i, ((t, _), arg, reply) in enumerate(zip(items, args, self._dispatch(items), strict=True)):
+            rec = self.trials[t]
+            if i in usage:
+                out.append(Outcome(trial=t, obs=None, k=rec.k, error=usage[i]))
+            elif reply is None or not reply.ok:
+                out.append(self._failed(t))
+            else:
+                out.append(Outcome(trial=t, obs=accept(rec, arg, reply.value), k=rec.k))
+        return out
+
     def _failed(self, trial: int) -> Outcome:
         rec = self.trials[trial]
         return Outcome(trial=trial, obs=None, k=rec.k, error=rec.error)
@@ -163,21 +178,14 @@ class TextWorldBridge:
             skip = rec.error or i in usage
             call = None if skip else self._call(rec, "step", action=str(a), adm=admissible)
             items.append((t, call))
-        out = []
-        for i, ((t, _), a, reply) in enumerate(zip(items, actions, self._dispatch(items), strict=True)):
-            rec = self.trials[t]
-            if i in usage:
-                out.append(Outcome(trial=t, obs=None, k=rec.k, error=usage[i]))
-                continue
-            if reply is None or not reply.ok:
-                out.append(self._failed(t))
-                continue
-            obs: Observation = reply.value
+
+        def accept(rec: TrialRecord, a: str, obs: Observation) -> Observation:
             if obs.valid:
                 rec.actions.append(str(a))
                 rec.checkpoints.append(obs)
-            out.append(Outcome(trial=t, obs=obs, k=rec.k))
-        return out
+            return obs
+
+        return self._answers(items, actions, usage, accept)
 
     def rewind(
         self, trials: Sequence[int], targets: Sequence[int], admissible: bool = False
@@ -198,22 +206,15 @@ class TextWorldBridge:
             if rec.error is None and i not in usage:
                 call = dataclasses.replace(self._call(rec, "restore", j=int(j), adm=admissible), fresh=True)
             items.append((t, call))
-        replies = self._dispatch(items)
-        out = []
-        for i, ((t, _), j, reply) in enumerate(zip(items, targets, replies, strict=True)):
-            rec = self.trials[t]
-            if i in usage:
-                out.append(Outcome(trial=t, obs=None, k=rec.k, error=usage[i]))
-                continue
-            if reply is None or not reply.ok:
-                out.append(self._failed(t))
-                continue
+
+        def accept(rec: TrialRecord, j: int, restored: Observation) -> Observation:
             del rec.actions[int(j):]
             del rec.checkpoints[int(j) + 1:]
-            obs = rec.current if not admissible else dataclasses.replace(
-                rec.current, admissible=reply.value.admissible)
-            out.append(Outcome(trial=t, obs=obs, k=rec.k))
-        return out
+            if not admissible:
+                return rec.current
+            return dataclasses.replace(rec.current, admissible=restored.admissible)
+
+        return self._answers(items, targets, usage, accept)
 
     def _query(self, trials: Sequence[int], op: str) -> list[Outcome]:
         items = [(t, None if self.record(t).error else self._call(self.record(t), op)) for t in trials]
