@@ -21,7 +21,6 @@ its batch keys are the batches it ran).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from retrojax.bench import print_figures, write_figures
+from retrojax.bench import run_and_report
 from retrojax.model.checkpoint import save_pretrained
 from retrojax.model.qwen3 import Qwen3, Qwen3Config
 from retrojax.sampler import Sampler
@@ -180,7 +179,4 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> int:
-    figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
-    print_figures(figures)
-    write_figures(figures, getattr(args, "json", None))
-    return 0
+    return run_and_report(run, args)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 
 from envs.textworlds import TextWorldBridge
 from envs.textworlds.alfworld_gen import TASK_TYPES
-from retrojax.bench import print_figures, write_figures
+from retrojax.bench import run_and_report
 
 SW_TASKS = ("find-living-thing:3", "find-living-thing:4", "find-living-thing:5", "find-living-thing:6")
 
@@ -181,7 +180,4 @@ def run(quick: bool = False, log: Callable[[str], None] = print) -> dict[str, fl
 
 
 def main(args: argparse.Namespace) -> int:
-    figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
-    print_figures(figures)
-    write_figures(figures, getattr(args, "json", None))
-    return 0
+    return run_and_report(run, args)

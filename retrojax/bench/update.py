@@ -14,13 +14,12 @@ code; the largest microbatch is then timed (after a compile warm-up, median of s
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 import jax
 import numpy as np
 
-from retrojax.bench import print_figures, write_figures
+from retrojax.bench import run_and_report
 from retrojax.config import LearnConfig
 from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import plan_batches
@@ -95,7 +94,4 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
 
 def main(args: argparse.Namespace) -> int:
     """Handler of ``retrojax bench update [--quick] [--json PATH]``."""
-    figures = run(quick=bool(getattr(args, "quick", False)), log=lambda line: print(line, file=sys.stderr))
-    print_figures(figures)
-    write_figures(figures, getattr(args, "json", None))
-    return 0
+    return run_and_report(run, args)
