@@ -69,6 +69,86 @@ USER_COMPACT = (
 )
 
 
+COMPACT_BUDGET = (
+    "Budget: {max_calls} replies total, never refunded; {branch_budget} turns per path, refunded by "
+    "rewinds.\n{rewind_rules}\n"
+)
+
+TRUNCATED_TRIGGER = "Your last reply was cut off at the length limit before it finished."
+MODEL_TRIGGER = "You asked to go back to checkpoint C_{target}."
+
+
+def triggers(*, failure: str, branch_budget: str) -> dict[str, str]:
+    """The four recovery reasons, with the world's wording for a failure and an exhausted branch."""
+    return {"model": MODEL_TRIGGER, "failure": failure, "branch_budget": branch_budget,
+            "truncated": TRUNCATED_TRIGGER}
+
+
+def budgets_full(counted: str) -> str:
+    """The full style's budget paragraph; ``counted`` names the world's turns (``moves``, ``commands``)."""
+    return (
+        f"Budgets. You have {{max_calls}} replies in total ({counted}, rewinds and memory reflections all "
+        "count; they are never given back). On the current path you may take at most {branch_budget} turns; "
+        "going back to a checkpoint gives back the turns taken after it.\n\n"
+    )
+
+
+def user_full(view: str, question: str) -> str:
+    """The full style's execution turn: ``view`` heads the observation, ``question`` ends the turn."""
+    return (
+        f"{view}:\n{{observation}}\n\n"
+        "Replies used {calls_used}, left {calls_left}. "
+        "Turns on this path used {branch_used}, left {branch_left}.\n"
+        "Valid rewind targets: {targets}.\n"
+        "Recent turns on this path:\n{events}\n"
+        "{note}"
+        f"{question}"
+    )
+
+
+def reflections_full(*, attempt: str, world: str, undone: str, view: str, item: str, avoid: str,
+                     choose_keep: str = "what to avoid",
+                     rewind_block: str = "<action>rewind to C_j</action> ") -> tuple[str, str]:
+    """The full style's ``(reflect_known, reflect_choose)``.
+
+    ``attempt`` ("a Sokoban attempt"), ``world`` (what is restored: "the board"), ``undone`` (what a restore
+    takes back: "moves"), ``view`` (how a state is shown: "Board"), ``item`` (one history entry: "action"),
+    ``avoid`` (what the known-target memory should name), ``choose_keep`` (the same for a chosen target) and
+    ``rewind_block`` (how the chosen rewind is written, with its trailing separator).
+    """
+    body = (
+        f"You are reviewing {attempt} before going back.\n\nRules. {{rules}}\n\n"
+        f"How going back works: {world} returns to checkpoint C_{{target}}, exactly as it was; all {undone} "
+        "after it are undone. What you write now is all you keep from the abandoned branch.\n\n"
+        "Why: {trigger}\n\n"
+        f"{view} at C_{{target}}:\n{{state_target}}\n\n{view} now (C_{{checkpoint}}):\n{{state_current}}\n\n"
+        f"Branch from C_{{target}} to C_{{checkpoint}} ({item} → outcome):\n{{history}}\n\n"
+        "Earlier memories:\n{earlier}\n\n"
+    )
+    known = body + (
+        f"Write a compact memory inside <remark>…</remark>: what you did, what went wrong, {avoid}, and "
+        "your plan from C_{target}."
+    )
+    latest = f"{view} at C_{{target}} (the latest checkpoint before the trigger)"
+    choose = body.replace(
+        f"{world} returns to checkpoint C_{{target}}", f"{world} returns to the checkpoint you choose"
+    ).replace(f"{view} at C_{{target}}", latest) + (
+        "Choose where to go back to among {targets}. Write a compact memory inside <remark>…</remark> (what "
+        f"you did, what went wrong, {choose_keep}, your plan from the chosen checkpoint), then end with "
+        f"{rewind_block}for your chosen j."
+    )
+    return known, choose
+
+
+def full_set(*, system: str, user: str, reflections: tuple[str, str], rules: str, rewind_allowed: str,
+             rewind_forbidden: str, triggers: dict[str, str]) -> PromptSet:
+    """The full family: detailed system prompt and turns for large models."""
+    known, choose = reflections
+    return PromptSet(system=system, user=user, memory=MEMORY, reflect_known=known, reflect_choose=choose,
+                     rules=rules, rewind_allowed=rewind_allowed, rewind_forbidden=rewind_forbidden,
+                     triggers=triggers)
+
+
 def compact_set(*, system: str, rules: str, rewind_forbidden: str, triggers: dict[str, str],
                 action_style: str = "tag", target_label: str = "Latest") -> PromptSet:
     """The compact family for small models: world-specific system prompt and rules, shared turn layout.

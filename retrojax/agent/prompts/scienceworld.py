@@ -6,7 +6,16 @@ engine's text, the score so far and the admissible action templates and objects.
 
 from __future__ import annotations
 
-from retrojax.agent.prompts import MEMORY, PromptSet, compact_set, register
+from retrojax.agent.prompts import (
+    COMPACT_BUDGET,
+    budgets_full,
+    compact_set,
+    full_set,
+    reflections_full,
+    register,
+    triggers,
+    user_full,
+)
 
 _RULES = (
     "ScienceWorld is a text simulation of a house with rooms (kitchen, workshop, greenhouse, outside, …) "
@@ -20,12 +29,10 @@ _RULES = (
     "means the task has failed and this path is lost."
 )
 
-_TRIGGERS = {
-    "model": "You asked to go back to checkpoint C_{target}.",
-    "failure": "The task failed on this path (the score went negative).",
-    "branch_budget": "You used the whole branch budget on this path without finishing the task.",
-    "truncated": "Your last reply was cut off at the length limit before it finished.",
-}
+_TRIGGERS = triggers(
+    failure="The task failed on this path (the score went negative).",
+    branch_budget="You used the whole branch budget on this path without finishing the task.",
+)
 
 _REWIND_ALLOWED = (
     "Checkpoints: C_0 is the start and C_i the state after your i-th executed command on the current "
@@ -43,64 +50,31 @@ SYSTEM_FULL = (
     "You are an agent carrying out a science task in ScienceWorld by typing commands.\n\n"
     "Rules. " + _RULES + "\n\n"
     "Goal. {goal} The task can be completed from the start.\n\n"
-    "Budgets. You have {max_calls} replies in total (commands, rewinds and memory reflections all count; "
-    "they are never given back). On the current path you may take at most {branch_budget} turns; going "
-    "back to a checkpoint gives back the turns taken after it.\n\n"
+    + budgets_full("commands") +
     "{rewind_rules}\n\n"
     "Reply format. Reason briefly about what the task still needs, then end with exactly one action tag "
     "holding one command, for example <action>open door to kitchen</action>. Only the last action tag "
     "in your reply counts."
 )
 
-USER_FULL = (
-    "Observation at checkpoint C_{checkpoint}:\n{observation}\n\n"
-    "Replies used {calls_used}, left {calls_left}. "
-    "Turns on this path used {branch_used}, left {branch_left}.\n"
-    "Valid rewind targets: {targets}.\n"
-    "Recent turns on this path:\n{events}\n"
-    "{note}"
-    "Your command?"
-)
+USER_FULL = user_full("Observation at checkpoint C_{checkpoint}", "Your command?")
 
-
-_REFLECT_BODY = (
-    "You are reviewing a ScienceWorld attempt before going back.\n\nRules. {rules}\n\n"
-    "How going back works: the simulation returns to checkpoint C_{target} exactly as it was; every "
-    "command after it is undone. What you write now is all you keep from the abandoned branch.\n\n"
-    "Why: {trigger}\n\n"
-    "Observation at C_{target}:\n{state_target}\n\nObservation now (C_{checkpoint}):\n{state_current}\n\n"
-    "Branch from C_{target} to C_{checkpoint} (command → outcome):\n{history}\n\n"
-    "Earlier memories:\n{earlier}\n\n"
-)
-
-REFLECT_KNOWN_FULL = _REFLECT_BODY + (
-    "Write a compact memory inside <remark>…</remark>: what you did, what went wrong, which commands to "
-    "avoid from C_{target}, and your plan from C_{target}."
-)
-
-REFLECT_CHOOSE_FULL = _REFLECT_BODY.replace(
-    "the simulation returns to checkpoint C_{target}", "the simulation returns to the checkpoint you choose"
-).replace(
-    "Observation at C_{target}", "Observation at C_{target} (the latest checkpoint before the trigger)"
-) + (
-    "Choose where to go back to among {targets}. Write a compact memory inside <remark>…</remark> (what "
-    "you did, what went wrong, what to avoid, your plan from the chosen checkpoint), then end with "
-    "<action>rewind to C_j</action> for your chosen j."
+REFLECTIONS_FULL = reflections_full(
+    attempt="a ScienceWorld attempt", world="the simulation", undone="commands", view="Observation",
+    item="command", avoid="which commands to avoid from C_{target}",
 )
 
 SYSTEM_COMPACT = (
     "ScienceWorld task: {goal}\nOne command per turn from the listed templates (OBJ = object name); open "
     "doors before going through; focus only on the object the task names; answer numbered choices with "
     "the number. Score 0-100, 100 = done, negative = failed.\n"
-    "Budget: {max_calls} replies total, never refunded; {branch_budget} turns per path, refunded by "
-    "rewinds.\n{rewind_rules}\n"
+    + COMPACT_BUDGET +
     "End with one tag: <action>go to kitchen</action>."
 )
 
-register("scienceworld", "full", PromptSet(
-    system=SYSTEM_FULL, user=USER_FULL, memory=MEMORY, reflect_known=REFLECT_KNOWN_FULL,
-    reflect_choose=REFLECT_CHOOSE_FULL, rules=_RULES, rewind_allowed=_REWIND_ALLOWED,
-    rewind_forbidden=_REWIND_FORBIDDEN, triggers=_TRIGGERS,
+register("scienceworld", "full", full_set(
+    system=SYSTEM_FULL, user=USER_FULL, reflections=REFLECTIONS_FULL, rules=_RULES,
+    rewind_allowed=_REWIND_ALLOWED, rewind_forbidden=_REWIND_FORBIDDEN, triggers=_TRIGGERS,
 ))
 register("scienceworld", "compact", compact_set(
     system=SYSTEM_COMPACT,
