@@ -95,7 +95,7 @@ def _rewind(quick: bool) -> dict[str, float]:
     h, w = bank.shape
     states = init_batch(bank, np.arange(trials) % len(bank))
     cells = lambda key: jax.random.randint(key, (trials, 2), 0, jnp.array([h, w]), jnp.int32)
-    us = rewind_us_per_trial(states, step, cells, capacity, 10 if quick else 50)
+    us = rewind_us_per_trial(states, step, cells, capacity, 10 if quick else 200)
     objs = [NumpyMineSweeper(bank.mines[i % len(bank)], tuple(bank.first_click[i % len(bank)]))
             for i in range(trials)]
     return {

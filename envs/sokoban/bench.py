@@ -84,7 +84,7 @@ def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
 def _rewind_us(bank: sk.LevelBank, quick: bool) -> float:
     states = sk.init_batch(bank, jnp.arange(REWIND_TRIALS) % len(bank))
     moves = lambda key: jax.random.randint(key, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32)
-    return rewind_us_per_trial(states, sk.step, moves, REWIND_CAPACITY, 10 if quick else 50)
+    return rewind_us_per_trial(states, sk.step, moves, REWIND_CAPACITY, 10 if quick else 200)
 
 
 class NumpySokoban:

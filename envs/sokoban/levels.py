@@ -62,8 +62,7 @@ class Level:
         if self._ref is None:
             keys, dists = solver.distance_table(self.board)
             self._ref = TablesRef(
-                make_tables(keys, dists, [0], [len(keys)], self.board.size, self.num_boxes,
-                            floor_masks=(self.board != WALL).reshape(1, -1))
+                make_tables(keys, dists, [0], [len(keys)], self.board[None], self.num_boxes)
             )
         return self._ref
 
@@ -117,8 +116,7 @@ def _assemble(boards: np.ndarray, keys: list[np.ndarray], dists: list[np.ndarray
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
     num_boxes = int(np.isin(boards[0], (BOX, BOX_T)).sum())
     tables = make_tables(
-        np.concatenate(keys), np.concatenate(dists), offsets, counts, boards[0].size, num_boxes,
-        floor_masks=(boards != WALL).reshape(len(boards), -1),
+        np.concatenate(keys), np.concatenate(dists), offsets, counts, boards, num_boxes
     )
     flat = boards.reshape(len(boards), -1)
     players = np.argmax(np.isin(flat, (PLAYER, PLAYER_T)), axis=1).astype(np.int8)
@@ -161,7 +159,7 @@ def init(level: Level | LevelBank, index: int | None = None) -> State:
     keys = np.asarray(ref.tables.keys)[: int(ref.tables.counts[0])]
     dist = _start_distance(level.board, keys, np.asarray(ref.tables.dists))
     return State(
-        board=jnp.asarray(level.board), player=jnp.asarray(player, jnp.int8),
+        player=jnp.asarray(player, jnp.int8),
         boxes=jnp.asarray(np.flatnonzero(np.isin(flat, (BOX, BOX_T))), jnp.int8),
         level=jnp.asarray(0, jnp.int32), distance=jnp.asarray(dist, jnp.int16), tables=ref,
     )
@@ -171,7 +169,7 @@ def init_batch(bank: LevelBank, indices: jax.Array) -> State:
     """Start states for level ``indices`` (any shape) of ``bank``; jittable, bank may be traced."""
     idx = jnp.asarray(indices, jnp.int32)
     return State(
-        board=bank.boards[idx], player=bank.players[idx], boxes=bank.boxes[idx], level=idx,
+        player=bank.players[idx], boxes=bank.boxes[idx], level=idx,
         distance=bank.d0[idx], tables=bank.ref,
     )
 

@@ -1,8 +1,9 @@
 """Jittable Sokoban rules (gym-sokoban's): ``step(state, moves) -> (State, Outcome)``.
 
-Design. A ``State`` is what one checkpoint needs and nothing more: the int8 board, the player's flat
-cell, the sorted box cells (int8, so the state key needs no scan of the board), the level's index into
-its distance tables, and the exact distance to solution (−1 = dead). The
+Design. A ``State`` is what one checkpoint needs and nothing more: the player's flat cell, the sorted box
+cells (int8, so the state key needs no scan of the board), the level's index into its tables, and the
+exact distance to solution (−1 = dead) — 9 bytes. Walls and targets never move, so they live with the
+tables (``layouts``); ``State.board`` composes the int8 board on demand (rendering, host code). The
 per-level distance tables (sorted state keys and distances, see ``solver.distance_table``) live in a
 ``Tables`` pytree that is shared, never per checkpoint: pushing a state onto a trail copies a few dozen
 bytes. Two entry points use the same branch-free core:
@@ -58,6 +59,10 @@ class Tables:
     stride: int = struct.field(pytree_node=False, default=0)  # C(floors, boxes) * floors: keys per level
     floor_rank: jax.Array | None = None  # int8 [L * cells]: level * cells + cell -> floor index, −1 wall
     floors: int = struct.field(pytree_node=False, default=0)  # most non-wall cells of any level
+    # Each level's static cells as flat int8 classes (0 wall, 1 floor, 2 target): a State holds only what
+    # moves (player, boxes), so the board is composed from these when it is asked for.
+    layouts: jax.Array | None = None  # int8 [L, cells]
+    shape: tuple[int, int] = struct.field(pytree_node=False, default=(0, 0))  # room height, width
 
 
 class TablesRef:
@@ -74,9 +79,9 @@ class TablesRef:
 
 @struct.dataclass
 class State:
-    """One Sokoban position: the checkpoint unit (small; tables are referenced, not stored)."""
+    """One Sokoban position: the checkpoint unit. Only what moves is stored (a few bytes); the walls and
+    targets live in the referenced tables (``layouts``), and ``board`` composes the full int8 board."""
 
-    board: jax.Array  # int8 [H, W] cell codes (text.SYMBOLS order)
     player: jax.Array  # int8: flat cell index r * W + c
     boxes: jax.Array  # int8 [num_boxes]: flat box cells, sorted ascending (gives the state key cheaply)
     level: jax.Array  # int32: index of the level in its tables
@@ -90,6 +95,15 @@ class State:
     @property
     def dead(self) -> jax.Array:
         return self.distance < 0
+
+    @property
+    def board(self) -> jax.Array:
+        """int8 [..., H, W] cell codes (text.SYMBOLS order), composed from the level's layout."""
+        if self.tables is None:
+            raise ValueError("this State carries no tables; create it with init/init_batch")
+        tables = self.tables.tables
+        layout = tables.layouts[jnp.asarray(self.level, jnp.int32)]
+        return compose(layout, self.boxes, self.player, tables.shape)
 
 
 @struct.dataclass
@@ -108,16 +122,18 @@ class Outcome:
 DENSE_MAX_ENTRIES = 1 << 24  # 32 MiB of int16: above this the sorted table alone is used
 
 
-def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int, floor_masks=None) -> Tables:
+def make_tables(keys, dists, offsets, counts, boards, num_boxes: int) -> Tables:
     """Build device ``Tables`` from host arrays (see ``solver.distance_table``).
 
-    ``floor_masks`` (bool [L, cells], the non-wall cells of each level) enables the direct-address array
-    when every level's compact key space fits ``DENSE_MAX_ENTRIES`` in total (e.g. 6×6 rooms with 2 boxes:
-    at most 16 floor cells, 120 box sets × 16 cells per level); without it, or for larger rooms, lookups
-    use the sorted table only.
+    ``boards`` (int8 [L, H, W], each level's start board) give the static layouts and the floor cells;
+    the direct-address array is built when every level's compact key space fits ``DENSE_MAX_ENTRIES`` in
+    total (e.g. 6×6 rooms with 2 boxes: at most 16 floor cells, 120 box sets × 16 cells per level); larger
+    rooms use the sorted table only.
     """
     from envs.sokoban.text import check_encodable
 
+    boards = np.asarray(boards, np.int8)
+    num_cells = boards[0].size
     check_encodable(num_cells, 1, num_boxes)
     counts = np.asarray(counts, np.int32)
     max_count = int(counts.max()) if counts.size else 0
@@ -132,10 +148,11 @@ def make_tables(keys, dists, offsets, counts, num_cells: int, num_boxes: int, fl
         offsets=jnp.asarray(offsets),
         counts=jnp.asarray(counts),
         search_steps=max(1, max_count.bit_length() + 1),
+        layouts=jnp.asarray(np.stack([np.asarray(layout_classes(b)) for b in boards])),
+        shape=(int(boards.shape[1]), int(boards.shape[2])),
     )
-    if floor_masks is None:
-        return tables
-    dense = _compact_dense(keys, dists, offsets, counts, np.asarray(floor_masks, bool), num_boxes)
+    floor_masks = (boards != WALL).reshape(len(boards), -1)
+    dense = _compact_dense(keys, dists, offsets, counts, floor_masks, num_boxes)
     if dense is None:
         return tables
     array, stride, rank, floors = dense
@@ -231,25 +248,27 @@ def distance_at(tables: Tables, level: jax.Array, boxes: jax.Array, player: jax.
 
 def distance_of(tables: Tables, state: State) -> jax.Array:
     """Exact shortest distance to solution of ``state`` (−1 dead), via the tables."""
-    return distance_at(tables, state.level, state.boxes, state.player, state.board.size)
+    return distance_at(tables, state.level, state.boxes, state.player, tables.shape[0] * tables.shape[1])
 
 
-def _layout(board: jax.Array) -> jax.Array:
+def layout_classes(board: jax.Array) -> jax.Array:
     """The static part of a board as flat int8 classes: 0 wall, 1 floor, 2 target."""
-    flat = board.reshape(-1)
+    flat = jnp.asarray(board).reshape(-1)
     target = (flat == TARGET) | (flat == BOX_T) | (flat == PLAYER_T)
     return jnp.where(flat == WALL, 0, jnp.where(target, 2, 1)).astype(jnp.int8)
 
 
-def _compose(layout: jax.Array, boxes: jax.Array, player: jax.Array, shape: tuple[int, int]) -> jax.Array:
-    """The int8 board from the layout classes, the box cells and the player cell."""
-    cells = jnp.arange(layout.shape[0])
+def compose(layout: jax.Array, boxes: jax.Array, player: jax.Array, shape: tuple[int, int]) -> jax.Array:
+    """int8 boards [..., H, W] from layout classes [..., cells], box cells [..., nb], player cells [...]."""
+    cells = jnp.arange(layout.shape[-1])
     target = layout == 2
     board = jnp.where(layout == 0, WALL, jnp.where(target, TARGET, FLOOR))
-    for k in range(boxes.shape[0]):
-        board = jnp.where(cells == boxes[k].astype(jnp.int32), jnp.where(target, BOX_T, BOX), board)
-    board = jnp.where(cells == player.astype(jnp.int32), jnp.where(target, PLAYER_T, PLAYER), board)
-    return board.astype(jnp.int8).reshape(shape)
+    for k in range(boxes.shape[-1]):
+        at = cells == jnp.asarray(boxes[..., k], jnp.int32)[..., None]
+        board = jnp.where(at, jnp.where(target, BOX_T, BOX), board)
+    at = cells == jnp.asarray(player, jnp.int32)[..., None]
+    board = jnp.where(at, jnp.where(target, PLAYER_T, PLAYER), board)
+    return board.astype(jnp.int8).reshape(*board.shape[:-1], *shape)
 
 
 def _move(layout, shape, player, boxes, move):
@@ -286,13 +305,13 @@ def _move(layout, shape, player, boxes, move):
 def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Outcome]:
     """Apply a turn of primitive moves (``int32[K]``, 0 = no move) with explicit ``tables``.
 
-    Moves update only (player, boxes) over the static layout, with an exact table lookup after each;
-    the int8 board is rebuilt once at the end of the turn.
+    Moves update only (player, boxes) over the level's static layout, with an exact table lookup after
+    each; nothing else of the state changes.
     """
     moves = jnp.asarray(moves, jnp.int32)
-    shape = state.board.shape
+    shape = tables.shape
     n = shape[0] * shape[1]
-    layout = _layout(state.board)
+    layout = tables.layouts[state.level]
 
     def one(carry, move):
         player, boxes, dist, reward, applied, invalid = carry
@@ -317,8 +336,7 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
 
     init = (state.player, state.boxes, state.distance, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
     (player, boxes, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
-    board = _compose(layout, boxes, player, shape)
-    new_state = state.replace(board=board, player=player, boxes=boxes, distance=dist)
+    new_state = state.replace(player=player, boxes=boxes, distance=dist)
     outcome = Outcome(
         reward=reward.astype(jnp.float32),
         solved=dist == 0,
@@ -341,11 +359,11 @@ def step(state: State, moves: jax.Array) -> tuple[State, Outcome]:
 
 def optimal_moves_with(tables: Tables, state: State) -> jax.Array:
     """bool[4] for moves 1…4 (up, down, left, right): True where the move starts a shortest solution."""
-    layout = _layout(state.board)
-    n = state.board.size
+    layout = tables.layouts[state.level]
+    n = tables.shape[0] * tables.shape[1]
     dist = []
     for m in range(1, 5):
-        npl, nbx, *_ = _move(layout, state.board.shape, state.player, state.boxes, jnp.int32(m))
+        npl, nbx, *_ = _move(layout, tables.shape, state.player, state.boxes, jnp.int32(m))
         dist.append(distance_at(tables, state.level, nbx, npl, n))
     dist = jnp.stack(dist)
     return (state.distance > 0) & (dist >= 0) & (dist == state.distance - 1)

@@ -261,12 +261,15 @@ class SokobanEnv(FunctionalEnv):
         return StepInfo(reward=float(out["reward"][slot]), solved=dist == 0, failed=dist < 0,
                         progress=progress, state_key=key, message=msg, moves=applied)
 
+    def _derive(self, current: Any) -> None:
+        self._boards = np.asarray(_sokoban_boards(current))  # composed once per operation, for all slots
+
     def state_key(self, slot: int) -> str:
         """Hash of the board and player (the level index and distance follow from them)."""
-        return state_key_of_arrays(self._host.board[slot], self._host.player[slot])
+        return state_key_of_arrays(self._boards[slot], self._host.player[slot])
 
     def observations(self, slots: Sequence[int]) -> list[str]:
-        return [self.lib.render(self._host.board[s]) for s in slots]
+        return [self.lib.render(self._boards[s]) for s in slots]
 
     def parse_action(self, text: str) -> Action:
         return parse.parse_sokoban(text)
@@ -310,6 +313,11 @@ def _sokoban_step(tables: Any, state: Any, code: jax.Array):
     new, out = sokoban.step_with(tables, state, code)
     return new, {"reward": out.reward, "solved": out.solved, "dead": out.dead, "applied": out.moves_applied,
                  "on_target": out.boxes_on_target, "distance": out.distance}
+
+
+@jax.jit
+def _sokoban_boards(states: Any) -> jax.Array:
+    return states.board
 
 
 @jax.jit
