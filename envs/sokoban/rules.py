@@ -148,7 +148,7 @@ def make_tables(keys, dists, offsets, counts, boards, num_boxes: int) -> Tables:
         offsets=jnp.asarray(offsets),
         counts=jnp.asarray(counts),
         search_steps=max(1, max_count.bit_length() + 1),
-        layouts=jnp.asarray(np.stack([np.asarray(layout_classes(b)) for b in boards])),
+        layouts=jnp.asarray(layout_classes(boards)),
         shape=(int(boards.shape[1]), int(boards.shape[2])),
     )
     floor_masks = (boards != WALL).reshape(len(boards), -1)
@@ -251,11 +251,12 @@ def distance_of(tables: Tables, state: State) -> jax.Array:
     return distance_at(tables, state.level, state.boxes, state.player, tables.shape[0] * tables.shape[1])
 
 
-def layout_classes(board: jax.Array) -> jax.Array:
-    """The static part of a board as flat int8 classes: 0 wall, 1 floor, 2 target."""
-    flat = jnp.asarray(board).reshape(-1)
-    target = (flat == TARGET) | (flat == BOX_T) | (flat == PLAYER_T)
-    return jnp.where(flat == WALL, 0, jnp.where(target, 2, 1)).astype(jnp.int8)
+def layout_classes(boards: np.ndarray) -> np.ndarray:
+    """The static part of boards [..., H, W] as flat int8 classes [..., H*W]: 0 wall, 1 floor, 2 target."""
+    b = np.asarray(boards)
+    flat = b.reshape(*b.shape[:-2], -1)
+    target = np.isin(flat, (TARGET, BOX_T, PLAYER_T))
+    return np.where(flat == WALL, 0, np.where(target, 2, 1)).astype(np.int8)
 
 
 def compose(layout: jax.Array, boxes: jax.Array, player: jax.Array, shape: tuple[int, int]) -> jax.Array:
