@@ -19,17 +19,6 @@ import jax.numpy as jnp
 from envs.trail import trail_init, trail_push, trail_rewind
 
 
-def best_time(fn: Callable[[], object], reps: int) -> float:
-    """Best wall time (s) of ``reps`` calls of ``fn`` after one warm-up call (which also compiles)."""
-    jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def paired_best(fns: Sequence[Callable[[], object]], reps: int) -> list[float]:
     """Best wall time (s) of each of ``fns`` over ``reps`` rounds that call every function once in turn
     (after one warm-up call each, which also compiles)."""

@@ -69,16 +69,16 @@ def start_of(board: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def keys_of(room: Room, boxes: np.ndarray, player: np.ndarray) -> np.ndarray:
     """int64 keys of sorted box arrays ``[S, nb]`` and player cells ``[S]``."""
-    ks = np.arange(1, room.num_boxes + 1)
-    rank = room.binom[boxes, ks[None, :]].sum(axis=1)
-    return rank * room.cells + player
+    return encode(boxes, player, room.cells, room.binom)
 
 
-def encode(boxes: np.ndarray, player: np.ndarray, cells: int) -> np.ndarray:
-    """int64 keys ``rank(sorted boxes) * cells + player`` (``rules.state_key`` on the host)."""
+def encode(boxes: np.ndarray, player: np.ndarray, cells: int, binom: np.ndarray | None = None) -> np.ndarray:
+    """int64 keys ``rank(sorted boxes) * cells + player`` (``rules.state_key`` on the host); ``binom`` is
+    ``binomial_table(cells, nb)`` when the caller already has it."""
     boxes = np.asarray(boxes, np.int64)
     nb = boxes.shape[-1]
-    rank = binomial_table(cells, nb)[boxes, np.arange(1, nb + 1)].sum(axis=-1)
+    table = binomial_table(cells, nb) if binom is None else binom
+    rank = table[boxes, np.arange(1, nb + 1)].sum(axis=-1)
     return rank * cells + np.asarray(player, np.int64)
 
 
