@@ -158,20 +158,13 @@ def init(level: Level | LevelBank, index: int | None = None) -> State:
     player = int(np.argmax(np.isin(flat, (PLAYER, PLAYER_T))))
     keys = np.asarray(ref.tables.keys)[: int(ref.tables.counts[0])]
     dist = _start_distance(level.board, keys, np.asarray(ref.tables.dists))
-    return State(
-        player=jnp.asarray(player, jnp.int8),
-        boxes=jnp.asarray(np.flatnonzero(np.isin(flat, (BOX, BOX_T))), jnp.int8),
-        level=jnp.asarray(0, jnp.int32), distance=jnp.asarray(dist, jnp.int16), tables=ref,
-    )
+    return State.make(player, jnp.asarray(np.flatnonzero(np.isin(flat, (BOX, BOX_T)))), 0, dist, ref)
 
 
 def init_batch(bank: LevelBank, indices: jax.Array) -> State:
     """Start states for level ``indices`` (any shape) of ``bank``; jittable, bank may be traced."""
     idx = jnp.asarray(indices, jnp.int32)
-    return State(
-        player=bank.players[idx], boxes=bank.boxes[idx], level=idx,
-        distance=bank.d0[idx], tables=bank.ref,
-    )
+    return State.make(bank.players[idx], bank.boxes[idx], idx, bank.d0[idx], bank.ref)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """Jittable Sokoban rules (gym-sokoban's): ``step(state, moves) -> (State, Outcome)``.
 
 Design. A ``State`` is what one checkpoint needs and nothing more: the player's flat cell, the sorted box
-cells (int8, so the state key needs no scan of the board), the level's index into its tables, and the
-exact distance to solution (−1 = dead) — 9 bytes. Walls and targets never move, so they live with the
-tables (``layouts``); ``State.board`` composes the int8 board on demand (rendering, host code). The
-per-level distance tables (sorted state keys and distances, see ``solver.distance_table``) live in a
-``Tables`` pytree that is shared, never per checkpoint: pushing a state onto a trail copies a few dozen
-bytes. Two entry points use the same branch-free core:
+cells (so the state key needs no scan of the board), the level's index into its tables, and the exact
+distance to solution (−1 = dead), packed in one int16 vector (10 bytes with two boxes). Walls and targets
+never move, so they live with the tables (``layouts``); ``State.board`` composes the int8 board on demand
+(rendering, host code). The per-level distance tables (sorted state keys and distances, see
+``solver.distance_table``) live in a ``Tables`` pytree that is shared, never per checkpoint: pushing a
+state onto a trail copies a few dozen bytes. Two entry points use the same branch-free core:
 
 - ``step_with(tables, state, moves)`` takes the tables explicitly; the agent loop passes one bank's
   ``Tables`` as a traced argument into its jitted, vmapped tick.
@@ -79,14 +79,40 @@ class TablesRef:
 
 @struct.dataclass
 class State:
-    """One Sokoban position: the checkpoint unit. Only what moves is stored (a few bytes); the walls and
-    targets live in the referenced tables (``layouts``), and ``board`` composes the full int8 board."""
+    """One Sokoban position: the checkpoint unit. Only what moves is stored, as ONE small int16 vector
+    ``[player, box_0 … box_{nb-1}, level, distance]`` (10 bytes for two boxes), so a checkpoint is one
+    array row: pushing, selecting and rewinding touch one buffer, not one per field. The walls and
+    targets live in the referenced tables (``layouts``), and ``board`` composes the full int8 board.
+    The fields are read through properties that work on jax and numpy (host copies) alike."""
 
-    player: jax.Array  # int8: flat cell index r * W + c
-    boxes: jax.Array  # int8 [num_boxes]: flat box cells, sorted ascending (gives the state key cheaply)
-    level: jax.Array  # int32: index of the level in its tables
-    distance: jax.Array  # int16: exact shortest distance to solution; 0 solved, −1 dead
+    packed: jax.Array  # int16 [..., num_boxes + 3]
     tables: TablesRef | None = struct.field(pytree_node=False, default=None)
+
+    @classmethod
+    def make(cls, player, boxes, level, distance, tables: TablesRef | None = None) -> State:
+        """Pack the fields (``boxes`` [..., nb] sorted ascending; the others [...]) into a ``State``."""
+        fields = [player, *(boxes[..., k] for k in range(boxes.shape[-1])), level, distance]
+        return cls(packed=jnp.stack([jnp.asarray(f, jnp.int16) for f in fields], axis=-1), tables=tables)
+
+    @property
+    def player(self) -> jax.Array:
+        """int8 [...]: the player's flat cell index r * W + c."""
+        return self.packed[..., 0].astype(np.int8)
+
+    @property
+    def boxes(self) -> jax.Array:
+        """int8 [..., num_boxes]: flat box cells, sorted ascending (gives the state key cheaply)."""
+        return self.packed[..., 1:-2].astype(np.int8)
+
+    @property
+    def level(self) -> jax.Array:
+        """int32 [...]: index of the level in its tables."""
+        return self.packed[..., -2].astype(np.int32)
+
+    @property
+    def distance(self) -> jax.Array:
+        """int16 [...]: exact shortest distance to solution; 0 solved, −1 dead."""
+        return self.packed[..., -1]
 
     @property
     def solved(self) -> jax.Array:
@@ -119,6 +145,7 @@ class Outcome:
     invalid_moves: jax.Array  # int32: codes outside 0…4 (ignored)
 
 
+MAX_LEVELS = int(np.iinfo(np.int16).max)  # a State stores its level index as int16
 DENSE_MAX_ENTRIES = 1 << 24  # 32 MiB of int16: above this the sorted table alone is used
 
 
@@ -133,6 +160,9 @@ def make_tables(keys, dists, offsets, counts, boards, num_boxes: int) -> Tables:
     from envs.sokoban.text import check_encodable
 
     boards = np.asarray(boards, np.int8)
+    if len(boards) > MAX_LEVELS:
+        raise ValueError(f"a bank holds at most {MAX_LEVELS} levels (a State stores the level as int16), "
+                         f"got {len(boards)}")
     num_cells = boards[0].size
     check_encodable(num_cells, 1, num_boxes)
     counts = np.asarray(counts, np.int32)
@@ -337,7 +367,7 @@ def step_with(tables: Tables, state: State, moves: jax.Array) -> tuple[State, Ou
 
     init = (state.player, state.boxes, state.distance, jnp.float32(0.0), jnp.int32(0), jnp.int32(0))
     (player, boxes, dist, reward, applied, invalid), _ = jax.lax.scan(one, init, moves)
-    new_state = state.replace(player=player, boxes=boxes, distance=dist)
+    new_state = State.make(player, boxes, state.level, dist, state.tables)
     outcome = Outcome(
         reward=reward.astype(jnp.float32),
         solved=dist == 0,
