@@ -136,9 +136,17 @@ def test_splits_are_cached_disjoint_and_named(tmp_path, monkeypatch):
 def test_init_batch_equals_init(bank6):
     idx = np.array([3, 0, 11, 3])
     batch = ms.init_batch(bank6, idx)
+    assert batch.cascade is bank6.cascade  # bank states use the bank's cascade table
     for k, i in enumerate(idx):
         row = jax.tree_util.tree_map(lambda x, k=k: x[k], batch)
-        chex.assert_trees_all_equal(row, ms.init(bank6[int(i)]))
+        one = ms.init(bank6[int(i)])  # a table-free state of the same world
+        assert one.cascade is None and int(row.index) == i
+        np.testing.assert_array_equal(np.asarray(row.words), np.asarray(one.words))
+        for cell in [(0, 0), (5, 5), (2, 3), (9, 9)]:  # the table and the flood fill step alike
+            a, out_a = ms.step(row, jnp.asarray(cell, jnp.int32))
+            b, out_b = ms.step(one, jnp.asarray(cell, jnp.int32))
+            np.testing.assert_array_equal(np.asarray(a.words), np.asarray(b.words))
+            chex.assert_trees_all_equal(out_a, out_b)
     with pytest.raises(IndexError):
         ms.init_batch(bank6, [12])
     with pytest.raises(IndexError):

@@ -151,7 +151,7 @@ def test_render_format_and_parse_round_trip():
         np.testing.assert_array_equal(np.asarray(back.revealed), np.asarray(s.revealed))
         np.testing.assert_array_equal(np.asarray(back.board), np.asarray(s.board))
     pairs = [tuple(rc) for rc in np.argwhere(BOARD)]
-    np.testing.assert_array_equal(np.asarray(ms.parse(text, pairs).open_rows), np.asarray(state.open_rows))
+    np.testing.assert_array_equal(np.asarray(ms.parse(text, pairs).words), np.asarray(state.words))
 
 
 @pytest.mark.parametrize(
@@ -235,29 +235,45 @@ def test_step_does_not_retrace():
     chex.clear_trace_counter()
 
 
-def test_every_click_matches_flood_fill_on_many_region_boards():
+def _many_region_layouts() -> list[np.ndarray]:
     # dense and patterned layouts split the blank cells into many regions (up to the 2x2-block bound)
     rng = np.random.default_rng(1)
     layouts = [rng.random((6, 6)) < p for p in (0.1, 0.2, 0.3, 0.4) for _ in range(4)]
     grid = np.zeros((6, 6), bool)
     grid[1::3, :] = True
     grid[:, 1::3] = True
-    layouts.append(grid)
+    return [*layouts, grid]
+
+
+@pytest.mark.parametrize("with_table", [False, True])
+def test_every_click_matches_flood_fill_on_many_region_boards(with_table):
+    # both cascade paths (table lookup for bank states, in-jit flood fill for table-free states)
+    layouts = _many_region_layouts()
+    cascade = rules.cascade_table(np.stack(layouts)) if with_table else None
     cells = jnp.asarray([(r, c) for r in range(6) for c in range(6)], jnp.int32)
-    for mines in layouts:
+    for i, mines in enumerate(layouts):
         board = counts_np(mines)
-        start = hidden_state(mines)
+        start = rules.make_state(mines, np.zeros((6, 6), bool), i, cascade)
         batch = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (36, *x.shape)), start)
         new, out = vstep(batch, cells)
         for k, (r, c) in enumerate(np.asarray(cells)):
             want = reveal_np(board, np.zeros((6, 6), bool), r, c)
             np.testing.assert_array_equal(np.asarray(new.revealed[k]), want)
             assert int(out.cells_opened[k]) == want.sum()
+            won = np.all(want | mines)
+            expect = -0.1 if mines[r, c] else 10.0 if won else 2.0 if want.sum() > 1 else 0.5
+            assert float(out.reward[k]) == pytest.approx(expect)
 
 
 def test_state_is_small():
     state = hidden_state(BOARD)
     nbytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
-    assert nbytes <= 160  # 6x6: 36 (counts) + 6 + 6 (bitboards) + 36 + 60 (cascade table)
-    assert state.board.dtype == jnp.int8 and state.zone.dtype == jnp.int8
-    assert state.open_rows.dtype == jnp.uint8 and state.zone_open.dtype == jnp.uint8
+    assert nbytes == 20  # 6x6: open + mine words (2 x 2 uint32) and the table index
+    assert state.words.dtype == jnp.uint32 and state.index.dtype == jnp.int32
+    assert state.board.dtype == jnp.int8 and state.revealed.dtype == bool
+    host = jax.tree_util.tree_map(np.asarray, state)  # host copies read the same views with numpy
+    assert isinstance(host.board, np.ndarray)
+    np.testing.assert_array_equal(host.board, np.asarray(state.board))
+    np.testing.assert_array_equal(host.mines, BOARD)
+
+

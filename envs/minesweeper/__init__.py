@@ -1,16 +1,17 @@
 """Jittable MineSweeper: cascade reveal, no-guess boards, exact deduction.
 
-- ``rules``: ``State``/``Outcome``/``Board``, ``init``, ``step`` (rewards and the cascade table).
+- ``rules``: ``State``/``Outcome``/``Board``, ``init``, ``step`` (rewards, cascade by table or flood fill).
 - ``boards``: ``generate``, ``BoardBank``, ``init_batch(bank, indices)``, ``load_split('NAME:train|test')``.
 - ``deduce``: ``deduce(state) -> (safe, mine)`` masks, ``solve_plan`` (reference solution length),
   ``safe_reveal`` (a provably-safe cell for the oracle policy). Host-side numpy.
 - ``text``: ``render(state)`` / ``parse(text, mines)``.
 
 ``init`` and ``step`` are exported already wrapped in ``jax.jit`` (so host-side calls compile once per
-board shape); they compose with ``vmap``, ``scan`` and an outer ``jit`` like the plain functions in
-``rules``. Progress for the learner uses the rewards directly: a branch's score ``V`` from checkpoint
-``C_j`` is the sum of its rewards after ``C_j``, and the endpoint score ``S`` is the sum of rewards
-along the retained path from ``C_0`` (restoring a checkpoint restores it).
+board shape, and once per bank for bank states, whose cascade table is static); they compose with
+``vmap``, ``scan`` and an outer ``jit`` like the plain functions in ``rules``. Progress for the learner
+uses the rewards directly: a branch's score ``V`` from checkpoint ``C_j`` is the sum of its rewards after
+``C_j``, and the endpoint score ``S`` is the sum of rewards along the retained path from ``C_0``
+(restoring a checkpoint restores it).
 """
 
 import jax

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.minesweeper.deduce import SearchLimitError, counts_np, reveal_np, solve_plan
-from envs.minesweeper.rules import Board, State, init
+from envs.minesweeper.rules import Board, CascadeRef, State, cascade_table, make_state, step
 
 GENERATOR_VERSION = 1  # bump when generation changes, so cached banks are rebuilt
 _BATCH = 256
@@ -35,7 +35,7 @@ _BATCH = 256
 
 @dataclasses.dataclass(frozen=True)
 class BoardBank:
-    """Boards stacked as arrays so that ``init_batch`` can vmap ``init`` over bank indices."""
+    """Boards stacked as arrays; ``init_batch`` starts any batch of them at once (with ``cascade``)."""
 
     mines: np.ndarray  # bool[N, H, W]
     first_click: np.ndarray  # int32[N, 2], 0-indexed (row, col)
@@ -66,6 +66,11 @@ class BoardBank:
             solution_length=jnp.asarray(self.solution_length[i], jnp.int32),
         )
 
+    @functools.cached_property
+    def cascade(self) -> CascadeRef:
+        """The bank's cascade table (built on first use; one flood fill per board and cell)."""
+        return cascade_table(self.mines)
+
     def boards(self) -> Board:
         """All boards as one batched ``Board`` pytree (leading axis N), on device."""
         return Board(
@@ -75,22 +80,24 @@ class BoardBank:
         )
 
 
-_init_many = jax.jit(jax.vmap(init))
+@functools.partial(jax.jit, static_argnums=0)
+def _start_states(cascade: CascadeRef, mines: jax.Array, clicks: jax.Array, index: jax.Array) -> State:
+    def one(m, click, i):
+        return step(make_state(m, jnp.zeros(m.shape, bool), i, cascade), click)[0]
+
+    return jax.vmap(one)(mines, clicks, index)
 
 
 def init_batch(bank: BoardBank, indices) -> State:
-    """Initial states of ``bank[indices]`` (a batched ``State`` with a leading axis), for the agent loop."""
+    """Initial states of ``bank[indices]`` (a batched ``State`` with a leading axis) that use the bank's
+    cascade table (the fast step); the same worlds as ``init(bank[i])``."""
     idx = np.asarray(indices, np.int64).reshape(-1)
     n = len(bank)
     if idx.size and (idx.min() < -n or idx.max() >= n):
         raise IndexError(f"board indices must lie in [0, {n}) for bank {bank.name!r}")
-    return _init_many(
-        Board(
-            mines=jnp.asarray(bank.mines[idx]),
-            first_click=jnp.asarray(bank.first_click[idx], jnp.int32),
-            solution_length=jnp.asarray(bank.solution_length[idx], jnp.int32),
-        )
-    )
+    idx = idx % max(n, 1)
+    clicks = jnp.asarray(bank.first_click[idx], jnp.int32)
+    return _start_states(bank.cascade, jnp.asarray(bank.mines[idx]), clicks, jnp.asarray(idx, jnp.int32))
 
 
 def _zone(h: int, w: int) -> np.ndarray:

@@ -1,22 +1,22 @@
-"""MineSweeper rules as pure, jittable functions over a small state pytree.
+"""MineSweeper rules as pure, jittable functions over a tiny state pytree.
 
-State: ``board`` (int8[H, W]: -1 for a mine, else the number of adjacent mines), two row bitboards (one
-unsigned int per row, bit ``c`` = column ``c``): ``open_rows`` (revealed cells) and ``mine_rows``, and the
-board's cascade table: ``zone`` (int8[H, W]: 1 + the index of a blank cell's blank region, 0 for other
-cells) and ``zone_open`` (uint[R + 1, H]: row k is the bitboard a click into region k opens, the region
-plus its bordering numbers; row 0 is empty). ``state.revealed`` unpacks ``open_rows`` to bool[H, W]. The
-mine layout lives in the state because ``step`` needs it, but text rendering never shows it (only the
-one mine that was hit). There is no random key: a restored checkpoint is exactly the world as it was.
-``won``/``lost`` are derived from the bitboards. Only ``open_rows`` changes during an episode.
+State. A board's cells are bits: cell ``(r, c)`` is bit ``i % 32`` of word ``i // 32`` with
+``i = r * W + c``, so a 6×6 board is two uint32 words. ``State.words`` is ``uint32[2, K]``: row 0 the
+open cells, row 1 the mine layout (it lives in the state because ``step`` needs it; text never shows it,
+except the one mine that was hit). ``State.index`` names the board's row in an optional shared cascade
+table. There is no random key: a restored checkpoint is exactly the world as it was. The counts board,
+``revealed`` and ``mines`` masks are properties computed from the words (with numpy for host copies).
 
 Cascade: revealing a blank cell opens all connected blank cells and their bordering numbered cells; a
-numbered cell opens only itself. The blank regions are found once per board, in ``init`` (inside jit),
-by a bounded fixed-point loop (``lax.while_loop`` of min-label propagation over 8-neighbours, at most
-H·W rounds; branch-free under ``vmap``, where the loop runs until every board of the batch has reached
-its fixed point). ``step`` then opens a region by one table lookup, so a step is loop-free: a handful
-of integer ops on H words. (Running the flood fill inside every step instead cost 3–4× more on CPU and
-fell behind Jumanji's cascade-free step; the table is the same fixed point, computed once.) Blank cells
-of different regions are never adjacent, so at most R = ceil(H/2)·ceil(W/2) regions exist.
+numbered cell opens only itself. Two exact ways, same result (a test checks every click):
+
+- Table lookup (the fast path): states made by ``init_batch(bank, …)`` point at their bank's
+  ``CascadeTable`` (a static, identity-compared field, like Sokoban's distance tables), which stores for
+  every board and cell the words a click opens. A step is then one gather and a few integer ops on K
+  words — the state that flows through ``scan``/``vmap``/trails is 20 bytes for 6×6.
+- Flood fill (states without a table: ``init(board)``, ``parse``, hand-made states): a bounded fixed
+  point inside jit (``lax.while_loop``, at most H·W rounds of "grow the opened set by the 8-neighbours of
+  its blank cells"); branch-free under ``vmap``, where it runs until every board of the batch is done.
 
 Rewards per reveal: +0.5 when exactly one cell opens, +2.0 when more than one opens, -1.0 when nothing
 changes (cell already revealed or out of range), -0.1 when a mine is revealed (the branch is lost), and
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 REWARD_ONE = 0.5
@@ -37,26 +38,110 @@ REWARD_MINE = -0.1
 REWARD_WIN = 10.0
 
 MINE = -1  # board value of a mine cell
-MAX_WIDTH = 32
+OPEN, MINES = 0, 1  # rows of State.words
 
 
-def row_dtype(width: int):
-    """Smallest unsigned dtype holding one row of ``width`` cells as bits."""
-    if not 1 <= width <= MAX_WIDTH:
-        raise ValueError(f"board width must lie in [1, {MAX_WIDTH}], got {width}")
-    return jnp.uint8 if width <= 8 else jnp.uint16 if width <= 16 else jnp.uint32
+def num_words(shape: tuple[int, int]) -> int:
+    """uint32 words per bit mask of an H×W board."""
+    h, w = shape
+    if h < 1 or w < 1:
+        raise ValueError(f"board shape must be positive, got {shape}")
+    return -(-(h * w) // 32)
 
 
-def pack_rows(mask: jax.Array) -> jax.Array:
-    """bool[..., H, W] -> row bitboards uint[..., H] (bit c of row r = mask[r, c])."""
-    w = mask.shape[-1]
-    dt = row_dtype(w)
-    return jnp.sum(mask.astype(dt) << jnp.arange(w, dtype=dt), axis=-1, dtype=dt)
+def _xp(x):
+    """numpy for host arrays, jax.numpy otherwise (so properties work on host copies without dispatch)."""
+    return np if isinstance(x, np.ndarray) else jnp
 
 
-def unpack_rows(rows: jax.Array, width: int) -> jax.Array:
-    """Row bitboards uint[..., H] -> bool[..., H, W]."""
-    return ((rows[..., None] >> jnp.arange(width, dtype=rows.dtype)) & 1).astype(bool)
+def to_words(mask, xp=jnp):
+    """bool[..., H, W] -> uint32[..., K]: bit ``i % 32`` of word ``i // 32`` is cell ``i = r * W + c``."""
+    h, w = mask.shape[-2:]
+    k = num_words((h, w))
+    lead = mask.shape[:-2]
+    flat = xp.reshape(mask, (*lead, h * w)).astype(xp.uint32)
+    flat = xp.concatenate([flat, xp.zeros((*lead, k * 32 - h * w), xp.uint32)], axis=-1)
+    bits = xp.reshape(flat, (*lead, k, 32)) << xp.arange(32, dtype=xp.uint32)
+    return xp.sum(bits, axis=-1, dtype=xp.uint32)
+
+
+def from_words(words, shape: tuple[int, int]):
+    """uint32[..., K] -> bool[..., H, W] (inverse of ``to_words``)."""
+    xp = _xp(words)
+    h, w = shape
+    cells = np.arange(h * w)
+    bits = (words[..., cells // 32] >> (cells % 32).astype(np.uint32)) & np.uint32(1)
+    return xp.reshape(bits != 0, (*words.shape[:-1], h, w))
+
+
+def adjacent_counts(mines):
+    """int8 board from a bool mine mask [..., H, W]: -1 on mines, else the number of mine neighbours."""
+    xp = _xp(mines)
+    m = mines.astype(xp.int8)
+    h, w = mines.shape[-2:]
+    p = xp.pad(m, [(0, 0)] * (m.ndim - 2) + [(1, 1), (1, 1)])
+    total = sum(p[..., dr : dr + h, dc : dc + w] for dr in range(3) for dc in range(3)) - m
+    return xp.where(mines, xp.int8(MINE), total.astype(xp.int8))
+
+
+def dilate(mask: jax.Array) -> jax.Array:
+    """3×3 dilation of a bool[..., H, W] mask (separable: rows, then columns)."""
+    pad = [(0, 0)] * (mask.ndim - 2)
+    p = jnp.pad(mask, [*pad, (0, 0), (1, 1)])
+    rows = p[..., :, :-2] | p[..., :, 1:-1] | p[..., :, 2:]
+    p = jnp.pad(rows, [*pad, (1, 1), (0, 0)])
+    return p[..., :-2, :] | p[..., 1:-1, :] | p[..., 2:, :]
+
+
+def flood_open(mines: jax.Array, cell_mask: jax.Array) -> jax.Array:
+    """bool[H, W]: the cells a click on ``cell_mask`` (one cell, or none) opens, by the bounded fixed
+    point ``R ← R ∪ dilate(R ∩ blank)`` (at most H·W rounds; the cascade when the cell is blank)."""
+    h, w = mines.shape
+    blank = ~dilate(mines)
+
+    def body(carry):
+        region, _, i = carry
+        grown = region | dilate(region & blank)
+        return grown, jnp.any(grown != region), i + 1
+
+    region, _, _ = jax.lax.while_loop(lambda c: c[1] & (c[2] < h * w), body,
+                                      (cell_mask, jnp.any(cell_mask & blank), jnp.int32(0)))
+    return region
+
+
+@struct.dataclass
+class CascadeTable:
+    """For each board of a bank and each cell: the words a click there opens (``clicks[b, i]``)."""
+
+    clicks: jax.Array  # uint32 [N, H*W, K]
+
+
+class CascadeRef:
+    """Identity-hashed holder of a ``CascadeTable`` so a ``State`` can point at it as static metadata."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: CascadeTable):
+        self.table = table
+
+    def __repr__(self) -> str:
+        return f"CascadeRef(boards={self.table.clicks.shape[0]})"
+
+
+@jax.jit
+def _clicks_of(mines: jax.Array) -> jax.Array:
+    h, w = mines.shape[-2:]
+    cells = jnp.eye(h * w, dtype=bool).reshape(h * w, h, w)
+    opened = jax.vmap(lambda m: jax.vmap(lambda c: flood_open(m, c))(cells))(mines)
+    return to_words(opened)
+
+
+def cascade_table(mines) -> CascadeRef:
+    """The cascade table of a stack of mine layouts bool[N, H, W] (one flood fill per board and cell)."""
+    mines = jnp.asarray(mines, bool)
+    if mines.ndim != 3:
+        raise ValueError(f"cascade_table takes mines of shape [N, H, W], got {mines.shape}")
+    return CascadeRef(CascadeTable(clicks=_clicks_of(mines)))
 
 
 @struct.dataclass
@@ -70,18 +155,27 @@ class Board:
 
 @struct.dataclass
 class State:
-    """The world: counts (-1 = mine), open/mine row bitboards, and the board's cascade table."""
+    """The world: open and mine bit words, the board's row in its cascade table (if any), and the shape."""
 
-    board: jax.Array  # int8[H, W]
-    open_rows: jax.Array  # uint[H]: bit c of row r set when (r, c) is revealed
-    mine_rows: jax.Array  # uint[H]: constant per board
-    zone: jax.Array  # int8[H, W]: 1 + blank-region index for blank cells, else 0; constant per board
-    zone_open: jax.Array  # uint[R + 1, H]: cells a click into each region opens; constant per board
+    words: jax.Array  # uint32[2, K]: row OPEN = revealed cells, row MINES = mine layout
+    index: jax.Array  # int32: the board's row in ``cascade`` (0 when there is no table)
+    shape: tuple[int, int] = struct.field(pytree_node=False, default=(0, 0))
+    cascade: CascadeRef | None = struct.field(pytree_node=False, default=None)
 
     @property
-    def revealed(self) -> jax.Array:
+    def revealed(self):
         """bool[..., H, W]: which cells are open."""
-        return unpack_rows(self.open_rows, self.board.shape[-1])
+        return from_words(self.words[..., OPEN, :], self.shape)
+
+    @property
+    def mines(self):
+        """bool[..., H, W]: the mine layout (never rendered)."""
+        return from_words(self.words[..., MINES, :], self.shape)
+
+    @property
+    def board(self):
+        """int8[..., H, W]: -1 on mines, else the number of adjacent mines (composed from the words)."""
+        return adjacent_counts(self.mines)
 
 
 @struct.dataclass
@@ -94,126 +188,74 @@ class Outcome:
     cells_opened: jax.Array  # int32: cells this reveal opened (0 when nothing changed)
 
 
-def adjacent_counts(mines: jax.Array) -> jax.Array:
-    """int8 board from a bool mine mask: -1 on mines, else the number of the 8 neighbours that are mines."""
-    m = mines.astype(jnp.int8)
-    p = jnp.pad(m, [(1, 1), (1, 1)])
-    h, w = mines.shape
-    total = sum(p[dr : dr + h, dc : dc + w] for dr in range(3) for dc in range(3)) - m
-    return jnp.where(mines, jnp.int8(MINE), total.astype(jnp.int8))
-
-
-def max_regions(h: int, w: int) -> int:
-    """Upper bound on blank regions: their cells are pairwise non-adjacent, one per 2×2 block at most."""
-    return -(-h // 2) * -(-w // 2)
-
-
-def dilate(mask: jax.Array) -> jax.Array:
-    """3×3 dilation of a bool[..., H, W] mask (separable: rows, then columns)."""
-    pad = [(0, 0)] * (mask.ndim - 2)
-    p = jnp.pad(mask, [*pad, (0, 0), (1, 1)])
-    rows = p[..., :, :-2] | p[..., :, 1:-1] | p[..., :, 2:]
-    p = jnp.pad(rows, [*pad, (1, 1), (0, 0)])
-    return p[..., :-2, :] | p[..., 1:-1, :] | p[..., 2:, :]
-
-
-def blank_regions(board: jax.Array) -> jax.Array:
-    """int32[H, W]: 1 + region index for blank cells (regions numbered in reading order), 0 elsewhere.
-
-    Bounded fixed point (at most H·W rounds) of min-label propagation between 8-adjacent blank cells.
-    """
-    h, w = board.shape
-    blank = board == 0
-    big = jnp.int32(h * w)
-    flat = jnp.arange(h * w, dtype=jnp.int32).reshape(h, w)
-    start = jnp.where(blank, flat, big)
-
-    def body(carry):
-        label, _, i = carry
-        p = jnp.pad(label, 1, constant_values=big)
-        low = jnp.min(jnp.stack([p[dr : dr + h, dc : dc + w] for dr in range(3) for dc in range(3)]), axis=0)
-        new = jnp.where(blank, low, big)
-        return new, jnp.any(new != label), i + 1
-
-    label, _, _ = jax.lax.while_loop(
-        lambda c: c[1] & (c[2] < h * w), body, (start, jnp.any(blank), jnp.int32(0))
-    )
-    # a region's label is its first cell in reading order; number regions by those representatives
-    is_rep = (blank & (label == flat)).reshape(-1)
-    rank = jnp.cumsum(is_rep.astype(jnp.int32))
-    return jnp.where(blank, rank[jnp.minimum(label, h * w - 1)], 0)
-
-
-def cascade_table(board: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(zone int8[H, W], zone_open uint[R + 1, H])`` for a count board (see the module doc)."""
-    h, w = board.shape
-    zone = blank_regions(board)
-    ids = jnp.arange(max_regions(h, w) + 1, dtype=jnp.int32)
-    members = (zone[None] == ids[:, None, None]) & (ids[:, None, None] > 0)
-    return zone.astype(jnp.int8), pack_rows(dilate(members))
+def make_state(mines, revealed, index=0, cascade: CascadeRef | None = None) -> State:
+    """A ``State`` from bool[H, W] mine and revealed masks (jittable; ``cascade`` is static)."""
+    mines, revealed = jnp.asarray(mines, bool), jnp.asarray(revealed, bool)
+    words = jnp.stack([to_words(revealed), to_words(mines)])
+    return State(words=words, index=jnp.asarray(index, jnp.int32), shape=tuple(mines.shape), cascade=cascade)
 
 
 @jax.jit
 def state_from_arrays(board: jax.Array, revealed: jax.Array) -> State:
-    """A ``State`` from an int8 count board (-1 = mine) and a bool[H, W] revealed mask (jitted)."""
-    board = jnp.asarray(board, jnp.int8)
-    zone, zone_open = cascade_table(board)
-    return State(
-        board=board,
-        open_rows=pack_rows(jnp.asarray(revealed, bool)),
-        mine_rows=pack_rows(board == MINE),
-        zone=zone,
-        zone_open=zone_open,
-    )
+    """A table-free ``State`` from an int8 count board (-1 = mine) and a bool[H, W] revealed mask."""
+    return make_state(jnp.asarray(board) == MINE, revealed)
 
 
-def _full(width: int, dtype) -> jax.Array:
-    return jnp.asarray((1 << width) - 1, dtype)
+def _full(shape: tuple[int, int]) -> jax.Array:
+    return to_words(jnp.ones(shape, bool))
 
 
 def is_lost(state: State) -> jax.Array:
     """A mine has been revealed."""
-    return jnp.any((state.open_rows & state.mine_rows) != 0, axis=-1)
+    return jnp.any((state.words[..., OPEN, :] & state.words[..., MINES, :]) != 0, axis=-1)
 
 
 def is_won(state: State) -> jax.Array:
     """Every non-mine cell is open and no mine is."""
-    full = _full(state.board.shape[-1], state.open_rows.dtype)
-    return jnp.all((state.open_rows ^ state.mine_rows) == full, axis=-1)
+    return jnp.all((state.words[..., OPEN, :] ^ state.words[..., MINES, :]) == _full(state.shape), axis=-1)
 
 
 def init(board: Board) -> State:
-    """The first observation: counts from the mine layout, with the safe first click's cascade open."""
-    counts = adjacent_counts(jnp.asarray(board.mines, bool))
-    h, w = counts.shape
-    empty = state_from_arrays(counts, jnp.zeros((h, w), bool))
-    state, _ = step(empty, jnp.asarray(board.first_click, jnp.int32))
+    """The first observation of a table-free state: the safe first click's cascade is open."""
+    mines = jnp.asarray(board.mines, bool)
+    state = make_state(mines, jnp.zeros(mines.shape, bool))
+    state, _ = step(state, jnp.asarray(board.first_click, jnp.int32))
     return state
+
+
+def _opened_by_click(state: State, flat: jax.Array, target: jax.Array) -> jax.Array:
+    """uint32[K]: the cells a click on flat cell ``flat`` opens (``target``: its bit; zero off-board,
+    where the caller discards the result anyway)."""
+    if state.cascade is not None:
+        return state.cascade.table.clicks[state.index, flat]
+    cell = from_words(target, state.shape)
+    return to_words(flood_open(from_words(state.words[MINES], state.shape), cell))
 
 
 def step(state: State, cell: jax.Array) -> tuple[State, Outcome]:
     """Reveal ``cell`` = int32 (row, col), 0-indexed. Jittable and vmappable; see the module doc."""
     cell = jnp.asarray(cell, jnp.int32)
-    h, w = state.board.shape
-    dt = state.open_rows.dtype
-    full = _full(w, dt)
+    h, w = state.shape
+    k = num_words(state.shape)
+    full = _full(state.shape)
     r, c = cell[0], cell[1]
     in_range = (r >= 0) & (r < h) & (c >= 0) & (c < w)
-    rc, cc = jnp.clip(r, 0, h - 1), jnp.clip(c, 0, w - 1)
-    bit = jnp.where(in_range, jnp.left_shift(jnp.uint32(1), cc.astype(jnp.uint32)), 0)
-    target = jnp.where(jnp.arange(h) == r, bit.astype(dt), jnp.zeros((), dt))
-    lost = is_lost(state)
-    over = lost | is_won(state)
-    hidden = ~state.open_rows & full
+    flat = jnp.where(in_range, r * w + c, 0)
+    one = jnp.left_shift(jnp.uint32(1), (flat % 32).astype(jnp.uint32))
+    target = jnp.where(in_range & (jnp.arange(k) == flat // 32), one, jnp.uint32(0))
+    opened_now, mines = state.words[OPEN], state.words[MINES]
+    lost = jnp.any((opened_now & mines) != 0)
+    over = lost | jnp.all((opened_now ^ mines) == full)
+    hidden = ~opened_now & full
     fresh = jnp.any((target & hidden) != 0)
-    region = jnp.where(in_range, state.zone[rc, cc], 0).astype(jnp.int32)
-    opened = jnp.where(over | ~fresh, jnp.zeros((), dt), (target | state.zone_open[region]) & hidden)
+    opened = jnp.where(over | ~fresh, jnp.uint32(0), _opened_by_click(state, flat, target) & hidden)
     n = jnp.sum(jax.lax.population_count(opened).astype(jnp.int32))
-    hit_mine = jnp.any((opened & state.mine_rows) != 0)
-    new = state.replace(open_rows=state.open_rows | opened)
-    won = is_won(new)
+    hit_mine = jnp.any((opened & mines) != 0)
+    new_open = opened_now | opened
+    won = jnp.all((new_open ^ mines) == full)
     opening = jnp.where(won, REWARD_WIN, jnp.where(n > 1, REWARD_CASCADE, REWARD_ONE))
     reward = jnp.where(hit_mine, REWARD_MINE, opening)
     reward = jnp.where(fresh, reward, REWARD_NOTHING)
     reward = jnp.where(over, 0.0, reward).astype(jnp.float32)
+    new = state.replace(words=jnp.stack([new_open, mines]))
     return new, Outcome(reward=reward, won=won, lost=lost | hit_mine, cells_opened=n)
