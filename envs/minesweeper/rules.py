@@ -26,6 +26,8 @@ that is already won or lost changes nothing and gives reward 0 (the episode is o
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -201,8 +203,21 @@ def state_from_arrays(board: jax.Array, revealed: jax.Array) -> State:
     return make_state(jnp.asarray(board) == MINE, revealed)
 
 
+@functools.cache
+def _cell_words(shape: tuple[int, int]) -> np.ndarray:
+    """uint32[H*W, K]: the words of each single cell (host constant per board shape)."""
+    h, w = shape
+    return to_words(np.eye(h * w, dtype=bool).reshape(h * w, h, w), np)
+
+
+@functools.cache
+def _full_words(shape: tuple[int, int]) -> np.ndarray:
+    return to_words(np.ones(shape, bool), np)
+
+
 def _full(shape: tuple[int, int]) -> jax.Array:
-    return to_words(jnp.ones(shape, bool))
+    """uint32[K]: every cell of the board set."""
+    return jnp.asarray(_full_words(shape))
 
 
 def is_lost(state: State) -> jax.Array:
@@ -236,26 +251,28 @@ def step(state: State, cell: jax.Array) -> tuple[State, Outcome]:
     """Reveal ``cell`` = int32 (row, col), 0-indexed. Jittable and vmappable; see the module doc."""
     cell = jnp.asarray(cell, jnp.int32)
     h, w = state.shape
-    k = num_words(state.shape)
     full = _full(state.shape)
     r, c = cell[0], cell[1]
     in_range = (r >= 0) & (r < h) & (c >= 0) & (c < w)
     flat = jnp.where(in_range, r * w + c, 0)
-    one = jnp.left_shift(jnp.uint32(1), (flat % 32).astype(jnp.uint32))
-    target = jnp.where(in_range & (jnp.arange(k) == flat // 32), one, jnp.uint32(0))
+    # the clicked cell's bit, looked up in a constant table (cheap to recompute inside fused loops)
+    target = jnp.where(in_range, jnp.asarray(_cell_words(state.shape))[flat], jnp.uint32(0))
     opened_now, mines = state.words[OPEN], state.words[MINES]
-    lost = jnp.any((opened_now & mines) != 0)
-    over = lost | jnp.all((opened_now ^ mines) == full)
     hidden = ~opened_now & full
     fresh = jnp.any((target & hidden) != 0)
+    lost = jnp.any((opened_now & mines) != 0)
+    over = lost | jnp.all((opened_now ^ mines) == full)
     opened = jnp.where(over | ~fresh, jnp.uint32(0), _opened_by_click(state, flat, target) & hidden)
-    n = jnp.sum(jax.lax.population_count(opened).astype(jnp.int32))
-    hit_mine = jnp.any((opened & mines) != 0)
     new_open = opened_now | opened
-    won = jnp.all((new_open ^ mines) == full)
-    opening = jnp.where(won, REWARD_WIN, jnp.where(n > 1, REWARD_CASCADE, REWARD_ONE))
+    # one reduction over the words for three facts: a mine opened, a safe cell still hidden, and more
+    # than one cell opened (``opened`` holds the target whenever it counts, so "more" = "not just it";
+    # no popcount, so the count below is only computed where ``cells_opened`` is used)
+    facts = jnp.any(jnp.stack([opened & mines, (new_open ^ mines) ^ full, opened ^ target]) != 0, axis=-1)
+    hit_mine, won, many = facts[0], ~facts[1], facts[2]
+    opening = jnp.where(won, REWARD_WIN, jnp.where(many, REWARD_CASCADE, REWARD_ONE))
     reward = jnp.where(hit_mine, REWARD_MINE, opening)
     reward = jnp.where(fresh, reward, REWARD_NOTHING)
     reward = jnp.where(over, 0.0, reward).astype(jnp.float32)
+    n = jnp.sum(jax.lax.population_count(opened).astype(jnp.int32))
     new = state.replace(words=jnp.stack([new_open, mines]))
     return new, Outcome(reward=reward, won=won, lost=lost | hit_mine, cells_opened=n)
