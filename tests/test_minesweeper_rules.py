@@ -275,5 +275,9 @@ def test_state_is_small():
     assert isinstance(host.board, np.ndarray)
     np.testing.assert_array_equal(host.board, np.asarray(state.board))
     np.testing.assert_array_equal(host.mines, BOARD)
+    with pytest.raises(ValueError, match="one shape"):
+        rules.make_state(BOARD, np.zeros((5, 6), bool))
+    with pytest.raises(ValueError, match=r"\[N, H, W\]"):
+        rules.cascade_table(BOARD)
 
 

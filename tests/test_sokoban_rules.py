@@ -228,3 +228,18 @@ def test_step_without_tables_is_a_clear_error():
     bare = sk.init_batch(BANK, jnp.int32(0)).replace(tables=None)
     with pytest.raises(ValueError, match="tables"):
         sk.step(bare, jnp.zeros(3, jnp.int32))
+
+
+def test_state_is_one_small_vector_and_level_count_is_checked():
+    state = sk.init(sk.parse("# # # # #\n# P X O #\n# # # # #"))
+    leaves = jax.tree_util.tree_leaves(state)
+    assert len(leaves) == 1 and leaves[0].dtype == jnp.int16 and leaves[0].shape == (4,)  # player box level d
+    assert int(state.player) == 6 and state.boxes.tolist() == [7] and int(state.distance) == 1
+    host = jax.tree_util.tree_map(np.asarray, state)  # host copies read the same fields
+    assert int(host.level) == 0 and host.boxes.dtype == np.int8
+    from envs.sokoban.rules import MAX_LEVELS, make_tables
+
+    too_many = np.zeros((MAX_LEVELS + 1, 3, 3), np.int8)
+    with pytest.raises(ValueError, match="at most"):
+        make_tables(np.zeros(0, np.int32), np.zeros(0, np.int16), np.zeros(MAX_LEVELS + 1, np.int32),
+                    np.zeros(MAX_LEVELS + 1, np.int32), too_many, 1)

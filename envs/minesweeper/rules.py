@@ -193,6 +193,9 @@ class Outcome:
 def make_state(mines, revealed, index=0, cascade: CascadeRef | None = None) -> State:
     """A ``State`` from bool[H, W] mine and revealed masks (jittable; ``cascade`` is static)."""
     mines, revealed = jnp.asarray(mines, bool), jnp.asarray(revealed, bool)
+    if mines.ndim != 2 or mines.shape != revealed.shape:
+        raise ValueError(f"mines and revealed must be bool[H, W] of one shape, got {mines.shape} and "
+                         f"{revealed.shape}")
     words = jnp.stack([to_words(revealed), to_words(mines)])
     return State(words=words, index=jnp.asarray(index, jnp.int32), shape=tuple(mines.shape), cascade=cascade)
 
