@@ -4,7 +4,8 @@ Both games and their Jumanji anchors are measured the same way: ``jit(scan(vmap(
 array of random actions, with finished rows put back to their start state by a per-row select so every
 step acts on a live episode, timed as the best of several calls after a compiling warm-up call. Ours and
 the anchor are timed in alternation (``paired_best``), so a change in machine load during the run hits
-both figures alike instead of skewing their ratio.
+both figures alike instead of skewing their ratio; the rewind and its deepcopy baseline likewise
+(``rewind_vs_deepcopy``).
 """
 
 from __future__ import annotations
@@ -33,18 +34,6 @@ def paired_best(fns: Sequence[Callable[[], object]], reps: int) -> list[float]:
     return best
 
 
-def deepcopy_us_per_object(objects: Sequence[object], reps: int) -> float:
-    """Microseconds per object to ``copy.deepcopy`` every one of ``objects`` (best of ``reps`` rounds): the
-    way upstream code checkpoints a plain Python/numpy environment, for the rewind comparison."""
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        copies = [copy.deepcopy(o) for o in objects]
-        best = min(best, time.perf_counter() - t0)
-        assert len(copies) == len(objects)
-    return best / len(objects) * 1e6
-
-
 def select_rows(mask: jax.Array, a, b):
     """Per-row ``where`` between two batched pytrees (``mask``: bool [B])."""
     return jax.tree_util.tree_map(lambda x, y: jnp.where(mask.reshape(-1, *([1] * (x.ndim - 1))), x, y), a, b)
@@ -67,13 +56,17 @@ def resetting_rollout(step_fn: Callable, done_fn: Callable) -> Callable:
     return jax.jit(run)
 
 
-def rewind_us_per_trial(states, step_fn: Callable, sample_actions: Callable, capacity: int,
-                        reps: int) -> float:
-    """Microseconds per trial to restore a random ``C_j`` for a whole batch at once.
+def rewind_vs_deepcopy(states, step_fn: Callable, sample_actions: Callable, capacity: int,
+                       objects: Sequence[object], rounds: int, calls: int) -> tuple[float, float]:
+    """``(rewind µs per trial, deepcopy µs per object)``, timed in alternation.
 
-    ``states`` is a batch of start states; ``capacity - 1`` turns of ``step_fn`` (unbatched) with
-    ``sample_actions(key)`` (batched actions) fill a batched trail first. The rewind is jitted, vmapped and
-    donates the trail buffer, as the agent loop calls it, so only ``C_j`` and the lengths are written.
+    Rewind: restoring a random ``C_j`` for a whole batch at once. ``states`` is a batch of start states;
+    ``capacity - 1`` turns of ``step_fn`` (unbatched) with ``sample_actions(key)`` (batched actions) fill
+    a batched trail first. The rewind is jitted, vmapped and donates the trail, as the agent loop calls
+    it, so only ``C_j`` and the lengths are written. Deepcopy: ``copy.deepcopy`` of every one of
+    ``objects``, the way upstream code checkpoints a plain Python/numpy environment. Each of ``rounds``
+    rounds deep-copies all objects once and then makes ``calls`` rewind calls, so both figures (the best
+    of each) are taken under the same machine conditions and their ratio does not drift with the load.
     """
     trials = jax.tree_util.tree_leaves(states)[0].shape[0]
     trails = jax.vmap(trail_init, in_axes=(0, None))(states, capacity)
@@ -88,10 +81,15 @@ def rewind_us_per_trial(states, step_fn: Callable, sample_actions: Callable, cap
     rewind = jax.jit(jax.vmap(trail_rewind), donate_argnums=0)
     trails, cj = rewind(trails, targets)
     jax.block_until_ready(cj)
-    best = float("inf")
-    for _ in range(reps):
+    best_rewind = best_copy = float("inf")
+    for _ in range(rounds):
         t0 = time.perf_counter()
-        trails, cj = rewind(trails, targets)
-        jax.block_until_ready((trails, cj))
-        best = min(best, time.perf_counter() - t0)
-    return best / trials * 1e6
+        copies = [copy.deepcopy(o) for o in objects]
+        best_copy = min(best_copy, time.perf_counter() - t0)
+        assert len(copies) == len(objects)
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            trails, cj = rewind(trails, targets)
+            jax.block_until_ready((trails, cj))
+            best_rewind = min(best_rewind, time.perf_counter() - t0)
+    return best_rewind / trials * 1e6, best_copy / len(objects) * 1e6

@@ -6,7 +6,8 @@ put back to its initial state inside the scan (a select), the same for Jumanji, 
 live boards. Rewind: restoring ``C_j`` (random j) for 1024 trials at once from a batched trail of 16
 checkpoints with a donated buffer, against ``copy.deepcopy`` of 1024 plain numpy MineSweeper objects (the
 way upstream code checkpoints). Times are the best of several runs; our rollout and Jumanji's are
-timed in alternation at each batch size (``benchkit.paired_best``).
+timed in alternation at each batch size (``benchkit.paired_best``), and so are the rewinds and the
+deepcopies (``benchkit.rewind_vs_deepcopy``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.benchkit import deepcopy_us_per_object, paired_best, resetting_rollout, rewind_us_per_trial
+from envs.benchkit import paired_best, resetting_rollout, rewind_vs_deepcopy
 from envs.minesweeper.boards import BoardBank, generate, init_batch, load_split
 from envs.minesweeper.rules import step
 
@@ -95,13 +96,11 @@ def _rewind(quick: bool) -> dict[str, float]:
     h, w = bank.shape
     states = init_batch(bank, np.arange(trials) % len(bank))
     cells = lambda key: jax.random.randint(key, (trials, 2), 0, jnp.array([h, w]), jnp.int32)
-    us = rewind_us_per_trial(states, step, cells, capacity, 10 if quick else 200)
     objs = [NumpyMineSweeper(bank.mines[i % len(bank)], tuple(bank.first_click[i % len(bank)]))
             for i in range(trials)]
-    return {
-        "minesweeper.rewind_us_per_trial": us,
-        "minesweeper.deepcopy_rewind_us_per_trial": deepcopy_us_per_object(objs, 2 if quick else 5),
-    }
+    rounds, calls = (2, 5) if quick else (10, 20)
+    ours, deepcopy = rewind_vs_deepcopy(states, step, cells, capacity, objs, rounds, calls)
+    return {"minesweeper.rewind_us_per_trial": ours, "minesweeper.deepcopy_rewind_us_per_trial": deepcopy}
 
 
 def _generate_speed(quick: bool) -> dict[str, float]:

@@ -10,7 +10,8 @@ vmapped ``trail_rewind`` with the trail donated, as the agent loop calls it);
 ``sokoban.deepcopy_rewind_us_per_trial`` is ``copy.deepcopy`` of 1024 plain numpy Sokoban objects (the way
 upstream code checkpoints). ``sokoban.generate_s_per_level`` includes the exact distance table;
 ``sokoban.solve_ms_per_state`` is the host BFS from a level's start. Times are the best of a few runs;
-our rollout and Jumanji's are timed in alternation at each batch size (``benchkit.paired_best``).
+our rollout and Jumanji's are timed in alternation at each batch size (``benchkit.paired_best``), and so
+are the rewind calls and the deepcopy rounds (``benchkit.rewind_vs_deepcopy``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import envs.sokoban as sk
-from envs.benchkit import deepcopy_us_per_object, paired_best, resetting_rollout, rewind_us_per_trial
+from envs.benchkit import paired_best, resetting_rollout, rewind_vs_deepcopy
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
@@ -81,12 +82,6 @@ def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
     return out
 
 
-def _rewind_us(bank: sk.LevelBank, quick: bool) -> float:
-    states = sk.init_batch(bank, jnp.arange(REWIND_TRIALS) % len(bank))
-    moves = lambda key: jax.random.randint(key, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32)
-    return rewind_us_per_trial(states, sk.step, moves, REWIND_CAPACITY, 10 if quick else 200)
-
-
 class NumpySokoban:
     """The shape of an upstream gym-sokoban environment's state, for the deepcopy comparison."""
 
@@ -104,10 +99,14 @@ class NumpySokoban:
         self.dim_room = board.shape
 
 
-def _deepcopy_us(bank: sk.LevelBank, quick: bool) -> float:
+def _rewind_vs_deepcopy(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
+    states = sk.init_batch(bank, jnp.arange(REWIND_TRIALS) % len(bank))
+    moves = lambda key: jax.random.randint(key, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32)
     boards = np.asarray(bank.boards)
     envs = [NumpySokoban(boards[i % len(boards)]) for i in range(REWIND_TRIALS)]
-    return deepcopy_us_per_object(envs, 2 if quick else 5)
+    rounds, calls = (2, 5) if quick else (10, 20)
+    ours, deepcopy = rewind_vs_deepcopy(states, sk.step, moves, REWIND_CAPACITY, envs, rounds, calls)
+    return {"sokoban.rewind_us_per_trial": ours, "sokoban.deepcopy_rewind_us_per_trial": deepcopy}
 
 
 def measure(quick: bool = False) -> dict[str, float]:
@@ -115,8 +114,7 @@ def measure(quick: bool = False) -> dict[str, float]:
     small generated bank and fewer repetitions)."""
     bank = _bank(quick)
     out = _steps_per_s(bank, quick)
-    out["sokoban.rewind_us_per_trial"] = _rewind_us(bank, quick)
-    out["sokoban.deepcopy_rewind_us_per_trial"] = _deepcopy_us(bank, quick)
+    out.update(_rewind_vs_deepcopy(bank, quick))
     n = 4 if quick else 16
     t0 = time.perf_counter()
     sk.generate(101, n, dim=(6, 6), num_boxes=2)
