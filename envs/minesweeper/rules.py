@@ -12,7 +12,8 @@ numbered cell opens only itself. Two exact ways, same result (a test checks ever
 
 - Table lookup (the fast path): states made by ``init_batch(bank, …)`` point at their bank's
   ``CascadeTable`` (a static, identity-compared field, like Sokoban's distance tables), which stores for
-  every board and cell the words a click opens. A step is then one gather and a few integer ops on K
+  every board and cell the words a click opens (built once per bank by the flood fill below, one
+  batched jitted call). A step is then one gather and a few integer ops on K
   words — the state that flows through ``scan``/``vmap``/trails is 20 bytes for 6×6.
 - Flood fill (states without a table: ``init(board)``, ``parse``, hand-made states): a bounded fixed
   point inside jit (``lax.while_loop``, at most H·W rounds of "grow the opened set by the 8-neighbours of
