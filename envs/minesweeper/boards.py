@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.minesweeper.deduce import SearchLimitError, counts_np, reveal_np, solve_plan
-from envs.minesweeper.rules import Board, CascadeRef, State, cascade_table, make_state, step
+from envs.minesweeper.rules import Board, State, cascade_table, make_state, step
+from envs.static import StaticRef
 
 GENERATOR_VERSION = 1  # bump when generation changes, so cached banks are rebuilt
 _BATCH = 256
@@ -67,7 +68,7 @@ class BoardBank:
         )
 
     @functools.cached_property
-    def cascade(self) -> CascadeRef:
+    def cascade(self) -> StaticRef:
         """The bank's cascade table (built on first use; one flood fill per board and cell)."""
         return cascade_table(self.mines)
 
@@ -81,7 +82,7 @@ class BoardBank:
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _start_states(cascade: CascadeRef, mines: jax.Array, clicks: jax.Array, index: jax.Array) -> State:
+def _start_states(cascade: StaticRef, mines: jax.Array, clicks: jax.Array, index: jax.Array) -> State:
     def one(m, click, i):
         return step(make_state(m, jnp.zeros(m.shape, bool), i, cascade), click)[0]
 

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs.static import StaticRef
+
 REWARD_ONE = 0.5
 REWARD_CASCADE = 2.0
 REWARD_NOTHING = -1.0
@@ -119,18 +121,6 @@ class CascadeTable:
     clicks: jax.Array  # uint32 [N, H*W, K]
 
 
-class CascadeRef:
-    """Identity-hashed holder of a ``CascadeTable`` so a ``State`` can point at it as static metadata."""
-
-    __slots__ = ("table",)
-
-    def __init__(self, table: CascadeTable):
-        self.table = table
-
-    def __repr__(self) -> str:
-        return f"CascadeRef(boards={self.table.clicks.shape[0]})"
-
-
 @jax.jit
 def _clicks_of(mines: jax.Array) -> jax.Array:
     h, w = mines.shape[-2:]
@@ -139,12 +129,12 @@ def _clicks_of(mines: jax.Array) -> jax.Array:
     return to_words(opened)
 
 
-def cascade_table(mines) -> CascadeRef:
+def cascade_table(mines) -> StaticRef:
     """The cascade table of a stack of mine layouts bool[N, H, W] (one flood fill per board and cell)."""
     mines = jnp.asarray(mines, bool)
     if mines.ndim != 3:
         raise ValueError(f"cascade_table takes mines of shape [N, H, W], got {mines.shape}")
-    return CascadeRef(CascadeTable(clicks=_clicks_of(mines)))
+    return StaticRef(CascadeTable(clicks=_clicks_of(mines)))
 
 
 @struct.dataclass
@@ -163,7 +153,7 @@ class State:
     words: jax.Array  # uint32[2, K]: row OPEN = revealed cells, row MINES = mine layout
     index: jax.Array  # int32: the board's row in ``cascade`` (0 when there is no table)
     shape: tuple[int, int] = struct.field(pytree_node=False, default=(0, 0))
-    cascade: CascadeRef | None = struct.field(pytree_node=False, default=None)
+    cascade: StaticRef | None = struct.field(pytree_node=False, default=None)
 
     @property
     def revealed(self):
@@ -191,7 +181,7 @@ class Outcome:
     cells_opened: jax.Array  # int32: cells this reveal opened (0 when nothing changed)
 
 
-def make_state(mines, revealed, index=0, cascade: CascadeRef | None = None) -> State:
+def make_state(mines, revealed, index=0, cascade: StaticRef | None = None) -> State:
     """A ``State`` from bool[H, W] mine and revealed masks (jittable; ``cascade`` is static)."""
     mines, revealed = jnp.asarray(mines, bool), jnp.asarray(revealed, bool)
     if mines.ndim != 2 or mines.shape != revealed.shape:
@@ -246,7 +236,7 @@ def _opened_by_click(state: State, flat: jax.Array, target: jax.Array) -> jax.Ar
     """uint32[K]: the cells a click on flat cell ``flat`` opens (``target``: its bit; zero off-board,
     where the caller discards the result anyway)."""
     if state.cascade is not None:
-        return state.cascade.table.clicks[state.index, flat]
+        return state.cascade.value.clicks[state.index, flat]
     cell = from_words(target, state.shape)
     return to_words(flood_open(from_words(state.words[MINES], state.shape), cell))
 

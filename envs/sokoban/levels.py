@@ -27,8 +27,9 @@ import numpy as np
 from flax import struct
 
 from envs.sokoban import solver
-from envs.sokoban.rules import State, Tables, TablesRef, make_tables
+from envs.sokoban.rules import State, Tables, make_tables
 from envs.sokoban.text import BOX, BOX_T, FLOOR, PLAYER, PLAYER_T, TARGET, WALL, check_encodable, parse_board
+from envs.static import StaticRef
 
 GENERATOR_VERSION = 1
 
@@ -43,7 +44,7 @@ class Level:
         if board.ndim != 2:
             raise ValueError(f"a level board must be 2-D, got shape {board.shape}")
         self.board = board
-        self._ref: TablesRef | None = None
+        self._ref: StaticRef | None = None
 
     @classmethod
     def from_text(cls, text: str) -> Level:
@@ -57,11 +58,11 @@ class Level:
     def num_boxes(self) -> int:
         return int(np.isin(self.board, (BOX, BOX_T)).sum())
 
-    def tables_ref(self) -> TablesRef:
+    def tables_ref(self) -> StaticRef:
         """This level's own one-level distance tables (computed once, then cached on the object)."""
         if self._ref is None:
             keys, dists = solver.distance_table(self.board)
-            self._ref = TablesRef(
+            self._ref = StaticRef(
                 make_tables(keys, dists, [0], [len(keys)], self.board[None], self.num_boxes)
             )
         return self._ref
@@ -87,7 +88,7 @@ class LevelBank:
     boxes: jax.Array  # int8 [L, num_boxes]: sorted flat box cells
     d0: jax.Array  # int16 [L]: shortest solution length from the start
     tables: Tables
-    ref: TablesRef = struct.field(pytree_node=False)
+    ref: StaticRef = struct.field(pytree_node=False)
     name: str = struct.field(pytree_node=False, default="")
 
     def __len__(self) -> int:
@@ -124,7 +125,7 @@ def _assemble(boards: np.ndarray, keys: list[np.ndarray], dists: list[np.ndarray
     d0 = np.array([_start_distance(b, k, d) for b, k, d in zip(boards, keys, dists, strict=True)], np.int16)
     return LevelBank(
         boards=jnp.asarray(boards), players=jnp.asarray(players), boxes=jnp.asarray(boxes),
-        d0=jnp.asarray(d0), tables=tables, ref=TablesRef(tables), name=name,
+        d0=jnp.asarray(d0), tables=tables, ref=StaticRef(tables), name=name,
     )
 
 
@@ -156,8 +157,8 @@ def init(level: Level | LevelBank, index: int | None = None) -> State:
     ref = level.tables_ref()
     flat = level.board.reshape(-1)
     player = int(np.argmax(np.isin(flat, (PLAYER, PLAYER_T))))
-    keys = np.asarray(ref.tables.keys)[: int(ref.tables.counts[0])]
-    dist = _start_distance(level.board, keys, np.asarray(ref.tables.dists))
+    keys = np.asarray(ref.value.keys)[: int(ref.value.counts[0])]
+    dist = _start_distance(level.board, keys, np.asarray(ref.value.dists))
     return State.make(player, jnp.asarray(np.flatnonzero(np.isin(flat, (BOX, BOX_T)))), 0, dist, ref)
 
 

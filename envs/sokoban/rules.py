@@ -35,6 +35,7 @@ import numpy as np
 from flax import struct
 
 from envs.sokoban.text import BOX, BOX_T, FLOOR, PLAYER, PLAYER_T, TARGET, WALL
+from envs.static import StaticRef
 
 MOVE_PENALTY = -0.1
 BOX_ON_REWARD = 1.0
@@ -65,18 +66,6 @@ class Tables:
     shape: tuple[int, int] = struct.field(pytree_node=False, default=(0, 0))  # room height, width
 
 
-class TablesRef:
-    """Identity-hashed holder of a ``Tables`` so a ``State`` can point at it as static metadata."""
-
-    __slots__ = ("tables",)
-
-    def __init__(self, tables: Tables):
-        self.tables = tables
-
-    def __repr__(self) -> str:
-        return f"TablesRef(levels={self.tables.offsets.shape[0]}, entries={self.tables.keys.shape[0]})"
-
-
 @struct.dataclass
 class State:
     """One Sokoban position: the checkpoint unit. Only what moves is stored, as ONE small int16 vector
@@ -86,10 +75,10 @@ class State:
     The fields are read through properties that work on jax and numpy (host copies) alike."""
 
     packed: jax.Array  # int16 [..., num_boxes + 3]
-    tables: TablesRef | None = struct.field(pytree_node=False, default=None)
+    tables: StaticRef | None = struct.field(pytree_node=False, default=None)
 
     @classmethod
-    def make(cls, player, boxes, level, distance, tables: TablesRef | None = None) -> State:
+    def make(cls, player, boxes, level, distance, tables: StaticRef | None = None) -> State:
         """Pack the fields (``boxes`` [..., nb] sorted ascending; the others [...]) into a ``State``."""
         fields = [player, *(boxes[..., k] for k in range(boxes.shape[-1])), level, distance]
         return cls(packed=jnp.stack([jnp.asarray(f, jnp.int16) for f in fields], axis=-1), tables=tables)
@@ -127,7 +116,7 @@ class State:
         """int8 [..., H, W] cell codes (text.SYMBOLS order), composed from the level's layout."""
         if self.tables is None:
             raise ValueError("this State carries no tables; create it with init/init_batch")
-        tables = self.tables.tables
+        tables = self.tables.value
         layout = tables.layouts[jnp.asarray(self.level, jnp.int32)]
         return compose(layout, self.boxes, self.player, tables.shape)
 
@@ -385,7 +374,7 @@ def step(state: State, moves: jax.Array) -> tuple[State, Outcome]:
     if state.tables is None:
         raise ValueError("this State carries no distance tables; create it with init/init_batch "
                          "or call step_with(tables, state, moves)")
-    return step_with(state.tables.tables, state, moves)
+    return step_with(state.tables.value, state, moves)
 
 
 def optimal_moves_with(tables: Tables, state: State) -> jax.Array:
@@ -404,4 +393,4 @@ def optimal_moves(state: State) -> jax.Array:
     """``optimal_moves_with`` using the tables the state was initialised with."""
     if state.tables is None:
         raise ValueError("this State carries no distance tables; use optimal_moves_with(tables, state)")
-    return optimal_moves_with(state.tables.tables, state)
+    return optimal_moves_with(state.tables.value, state)
