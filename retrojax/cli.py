@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="ReTRAIL training (State-Anchored GRPO)")
     _add_config_args(tr, default="configs/sokoban_tiny.yaml")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    tr.set_defaults(func=_handler("retrojax.learn.trainer:main"))
+    tr.set_defaults(func=_handler("retrojax.learn.cli:main"))
 
     # --- demo --------------------------------------------------------------------------------
     demo = sub.add_parser("demo", help="the built-in default: SFT + ReTRAIL RL on small Sokoban, on CPU")

@@ -115,7 +115,7 @@ def test_real_trial_loop_smoke(tmp_path):
     """One update through the agent runner with a tiny random Qwen3: the sampler's log-probs match θ_old's
     recomputation and the update runs on the recorded tokens (a KL term keeps zero-advantage calls in)."""
     from retrojax.config import load
-    from retrojax.learn.trainer import build_model, build_tokenizer
+    from retrojax.model.build import build_model, build_tokenizer
 
     cfg = load("configs/sokoban_tiny.yaml", [
         f"run.out_dir={tmp_path}", "learn.updates=1", "learn.tasks_per_update=1", "trial.trials_per_task=2",

@@ -1,4 +1,4 @@
-"""The ReTRAIL training loop and ``retrojax train``.
+"""The ReTRAIL training loop (``retrojax train`` is :mod:`retrojax.learn.cli`).
 
 One iteration (one "update" in the config's count): take the next tasks from a seeded task stream, run
 ``trials_per_task`` trials per task with the frozen behaviour policy (a ``collect`` function — by default the
@@ -18,7 +18,6 @@ Python API::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -33,10 +32,10 @@ import numpy as np
 from flax import nnx
 
 from retrojax.agent.archive import Archive
-from retrojax.agent.chat import ByteChatTokenizer
 from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
+from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
 from retrojax.learn.update import LogProbs, Update, make_optimizer, split_model
 
 
@@ -231,7 +230,7 @@ class Trainer:
         metrics.update(adv.stats)
         metrics.update(plan.stats)
         metrics.update(check)
-        metrics.update({f"rollout/{k}": float(v) for k, v in rollout.items() if _is_number(v)})
+        metrics.update({f"rollout/{k}": float(v) for k, v in rollout.items() if is_number(v)})
         metrics.update({"time/collect_s": t1 - t0, "time/learn_s": t2 - t1})
         return metrics
 
@@ -281,7 +280,7 @@ class Trainer:
                 due = (every > 0 and self.iteration % every == 0) or self.iteration == total
                 if self.evaluate is not None and due:
                     found = self.evaluate(self.model(), self.iteration)
-                    metrics.update({f"eval/{k}": float(v) for k, v in found.items() if _is_number(v)})
+                    metrics.update({f"eval/{k}": float(v) for k, v in found.items() if is_number(v)})
                 self._log(metrics)
                 ce = max(1, self.learn.checkpoint_every)
                 if self.iteration % ce == 0 or self.iteration == total:
@@ -327,164 +326,9 @@ class Trainer:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-
-
 def _progress(total: int, start: int, enabled: bool):
     if not enabled:
         return None
     from tqdm import tqdm
 
     return tqdm(total=total, initial=start, desc="train", unit="update")
-
-
-# ----------------------------------------------------------------------------------------------
-# Defaults wired to the agent runner and the model package
-# ----------------------------------------------------------------------------------------------
-
-
-def train_split_size(cfg: Any) -> int:
-    """Number of tasks in the training split of ``cfg.env`` (capped by ``env.num_tasks``)."""
-    from retrojax.agent.env_api import make_env
-
-    env = make_env(cfg, _split(cfg, "train"))
-    try:
-        return int(env.num_tasks)
-    finally:
-        env.close()
-
-
-def _split(cfg: Any, part: str) -> str:
-    return f"{cfg.env.split.split(':')[0]}:{part}"
-
-
-class RunnerCollect:
-    """The default ``collect``: trials of the training split through the agent runner with a ``ModelPolicy``.
-
-    The world and the policy's sampler are built once and reused; each call points the policy at the new
-    weights and restarts its sampling key from ``seed``.
-    """
-
-    def __init__(self, cfg: Any, tokenizer: Any):
-        from retrojax.agent.env_api import make_env
-
-        self.cfg, self.tokenizer = cfg, tokenizer
-        self.env = make_env(cfg, _split(cfg, "train"))
-        self.policy: Any = None
-        self.runner: Any = None
-
-    def __call__(self, model: Any, tasks: Sequence[int], seeds: Sequence[int]) -> tuple[Archive, dict]:
-        from retrojax.agent.policies import ModelPolicy
-        from retrojax.agent.runner import Runner
-        from retrojax.agent.trial import TrialSpec
-        from retrojax.eval.metrics import summarize
-
-        if len(tasks) != len(seeds):
-            raise ValueError(f"collect needs one seed per task, got {len(tasks)} tasks, {len(seeds)} seeds")
-        if self.policy is None:
-            self.policy = ModelPolicy.from_config(self.cfg, model, self.tokenizer)
-            self.runner = Runner(self.cfg, self.env, self.policy)
-        else:
-            self.policy.model = model
-            if self.policy.sampler is not None:
-                self.policy.sampler.update_model(model)
-        self.policy.seed, self.policy.ticks = int(seeds[0]) if seeds else 0, 0
-        b = self.cfg.trial.trials_per_task
-        specs = [TrialSpec(trial=i * b + r, task=int(task), seed=int(seed), replicate=r,
-                           protocol=self.cfg.trial.protocol)
-                 for i, (task, seed) in enumerate(zip(tasks, seeds, strict=True)) for r in range(b)]
-        archive = self.runner.run(specs)
-        return archive, _flatten(summarize(archive.trials))
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of a nested report dict as ``a/b/c`` keys."""
-    out: dict[str, float] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}/"))
-    elif _is_number(d) and "seed_success/" not in prefix:  # per-seed entries would vary run to run
-        out[prefix[:-1]] = float(d)
-    return out
-
-
-def default_collect(cfg: Any, tokenizer: Any) -> Collect:
-    return RunnerCollect(cfg, tokenizer)
-
-
-def default_evaluate(cfg: Any, tokenizer: Any) -> Evaluate | None:
-    """Success per protocol of ``cfg.eval`` on the test split (``eval.every < 0`` turns evaluation off)."""
-    if cfg.eval.every < 0:
-        return None
-
-    def evaluate(model: Any, iteration: int) -> dict:
-        from retrojax.agent.policies import ModelPolicy
-        from retrojax.eval.protocol import evaluate as run_eval
-
-        policy = ModelPolicy.from_config(cfg, model, tokenizer)
-        report = run_eval(cfg, policy, _split(cfg, "test"), list(cfg.eval.protocols), cfg.eval.seeds,
-                          tasks=cfg.eval.num_tasks)
-        return {f"{name}/{k}": v for name, r in report["results"].items() for k, v in _flatten(r).items()}
-
-    return evaluate
-
-
-class ByteTokenizer(ByteChatTokenizer):
-    """The agent loop's byte-level chat tokenizer plus the byte table the sampler's stop strings need
-    (for tiny configs without a tokenizer directory)."""
-
-    def token_bytes(self, vocab_size: int) -> list[bytes]:
-        return [bytes([i]) if i < 256 else b"" for i in range(vocab_size)]
-
-
-def build_model(cfg: Any) -> Any:
-    """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset."""
-    from retrojax.model import PRESETS, Qwen3
-
-    dtype = jnp.dtype(cfg.model.dtype)
-    if cfg.model.path:
-        from retrojax.model.checkpoint import from_pretrained
-
-        return from_pretrained(cfg.model.path, dtype=dtype)
-    if cfg.model.preset not in PRESETS:
-        raise ValueError(f"model.preset {cfg.model.preset!r} is not one of {sorted(PRESETS)}")
-    return Qwen3(PRESETS[cfg.model.preset], dtype=dtype, rngs=nnx.Rngs(cfg.model.seed),
-                 remat=cfg.learn.remat)
-
-
-def build_tokenizer(cfg: Any) -> Any:
-    """``model.tokenizer`` (or the checkpoint directory); the byte-level tokenizer when neither is set."""
-    path = cfg.model.tokenizer or cfg.model.path
-    if not path:
-        return ByteTokenizer()
-    from retrojax.model.tokenizer import load_tokenizer
-
-    return load_tokenizer(path)
-
-
-def main(args: argparse.Namespace) -> int:
-    """``retrojax train --config FILE [--set k=v ...] [--resume]``."""
-    from retrojax.config import ConfigError, load
-
-    try:
-        cfg = load(args.config, args.overrides)
-        validate_learn_config(cfg.learn)
-    except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    model = build_model(cfg)
-    tokenizer = build_tokenizer(cfg)
-    trainer = Trainer(cfg, model, tokenizer)
-    try:
-        history = trainer.fit(resume=bool(getattr(args, "resume", False)))
-        out = trainer.export(Path(trainer.out_dir) / "policy")
-    finally:
-        trainer.close()
-    last = history[-1] if history else {}
-    shown = {k: v for k, v in last.items() if k.startswith(("train/loss", "rollout/", "eval/"))}
-    print(json.dumps({"iterations": trainer.iteration, "policy": str(out), "last": shown}))
-    return 0
