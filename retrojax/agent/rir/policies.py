@@ -1,0 +1,291 @@
+"""Policies for RIR: scripted players that answer EVERY role in text through the same parsers as a model,
+and the wrapper that gives a Flax model's auxiliary calls their own sampler rows.
+
+- :class:`RIROraclePolicy` — agent: the world's expert action with probability ``1 − ε``, a random one
+  otherwise, never an action its memory eliminated at the current state (``E.elim`` entries written as
+  ``avoid '<action>' at state <key>``); it calls ``rollback`` when its own random move lost progress.
+  Reviewer: Rollback on an irreversible failure, a state cycle closing at the current state, stalled progress
+  (``stall`` steps without a new best value) or, on an agent request, lost progress; Continue otherwise with
+  urgency = stalled steps / ``stall``. ``noise`` flips each verdict with that probability. Selectors use the
+  world's exact values (Eq. 8: the latest best-valued admissible checkpoint). Patcher: milestones and the
+  failure analysis of the abandoned suffix.
+- :class:`RIRRandomPolicy` — fuzzing: random moves, random rollback requests, and auxiliary replies that
+  are malformed with probability ``malformed`` (garbage, wrong tags, NaN/inf urgencies, out-of-range
+  checkpoints) and otherwise random but well-formed.
+- :class:`RIRModelPolicy` — wraps ``ModelPolicy``: agent calls use row ``slot``; auxiliary calls use row
+  ``slot + n`` (n = the batch's slot count), so an auxiliary prompt never evicts the agent's KV cache; the
+  wrapped policy's prefix sync re-encodes a changed memory block only from its first differing token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from retrojax.agent import parse
+from retrojax.agent.env_api import TrialEnv
+from retrojax.agent.rir import replies
+from retrojax.agent.rir.controller import COARSE, EXECUTE, FINE, PATCH, REVIEW, RIRView
+from retrojax.agent.trial import Generation, Request, TrialSpec
+
+_AVOID = re.compile(r"avoid '([^']*)' at state ([0-9a-zA-Z_\-]+)")
+_SALTS = {EXECUTE: 21, REVIEW: 22, COARSE: 23, FINE: 24, PATCH: 25}
+
+
+def eliminated(view: RIRView) -> dict[str, set[str]]:
+    """``E.elim`` entries of the memory as: state key → actions to avoid there."""
+    out: dict[str, set[str]] = {}
+    for text in view.memory.texts("elim"):
+        for action, key in _AVOID.findall(text):
+            out.setdefault(key, set()).add(action)
+    return out
+
+
+def best_restore(view: RIRView, candidates: Sequence[int] | None = None) -> int:
+    """Eq. 8 with exact values: the latest admissible checkpoint of the highest branch value."""
+    cands = [
+        i
+        for i in (candidates if candidates is not None else range(view.checkpoint + 1))
+        if not view.failed[i]
+    ]
+    if not cands:
+        return 0
+    best = max(view.values[i] for i in cands)
+    return max(i for i in cands if view.values[i] == best)
+
+
+class _Scripted:
+    tokenizer = None
+    needs_text = False
+
+    def __init__(self) -> None:
+        self.env: TrialEnv | None = None
+        self.rngs: dict[tuple[int, str], np.random.Generator] = {}
+        self.specs: dict[int, TrialSpec] = {}
+
+    def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
+        self.env, self.specs, self.rngs = env, {s.trial: s for s in specs}, {}
+
+    def end(self) -> None:
+        self.rngs, self.specs = {}, {}
+
+    def rng(self, trial: int, role: str) -> np.random.Generator:
+        key = (trial, role)
+        if key not in self.rngs:
+            s = self.specs[trial]
+            self.rngs[key] = np.random.default_rng([s.seed, s.task, s.replicate, _SALTS[role]])
+        return self.rngs[key]
+
+    def act(self, action: str) -> str:
+        return parse.format_action(action, getattr(self.env, "action_style", "tag"))
+
+
+class RIROraclePolicy(_Scripted):
+    def __init__(self, epsilon: float = 0.3, noise: float = 0.0, stall: int = 4):
+        super().__init__()
+        if not 0.0 <= epsilon <= 1.0 or not 0.0 <= noise <= 1.0:
+            raise ValueError(f"epsilon and noise must lie in [0, 1], got {epsilon}, {noise}")
+        if stall < 1:
+            raise ValueError(f"stall must be at least 1, got {stall}")
+        self.epsilon, self.noise, self.stall = epsilon, noise, stall
+        self.last_random: dict[int, tuple[int, str]] = {}
+
+    def begin(self, specs, slots, env) -> None:
+        super().begin(specs, slots, env)
+        self.last_random = {}
+        if hasattr(env, "prefetch_expert"):
+            env.prefetch_expert = True
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        agents = [r for r in requests if r.view.kind == EXECUTE]
+        expert = dict(
+            zip(
+                (r.trial for r in agents),
+                self.env.expert_actions([r.slot for r in agents]) if agents else [],
+                strict=True,
+            )
+        )
+        out = []
+        for req in requests:
+            v: RIRView = req.view
+            if v.kind == EXECUTE:
+                out.append(Generation(self._agent(req.trial, v, expert[req.trial])))
+            elif v.kind == REVIEW:
+                out.append(Generation(self._review(req.trial, v)))
+            elif v.kind == COARSE:
+                r = best_restore(v)
+                first = min(i for i in range(v.checkpoint + 1) if v.values[i] == v.values[r])
+                out.append(Generation(replies.write_range(min(first, r), v.checkpoint)))
+            elif v.kind == FINE:
+                r = best_restore(v, v.candidates)
+                out.append(
+                    Generation(
+                        replies.write_restore(
+                            r, 1.0, f"C_{r} is the latest candidate with the best progress and no failure"
+                        )
+                    )
+                )
+            else:
+                out.append(Generation(self._patch(v)))
+        return out
+
+    def _agent(self, trial: int, v: RIRView, expert: str | None) -> str:
+        rng = self.rng(trial, EXECUTE)
+        t = v.checkpoint
+        last = self.last_random.pop(trial, None)
+        if (
+            v.rollback_tool
+            and last is not None
+            and last[0] + 1 == t
+            and v.path
+            and v.path[-1] == last[1]
+            and v.values[-1] < v.values[-2]
+        ):
+            return f"My random move '{last[1]}' lost progress.\n{self.act('rollback')}"
+        avoid = frozenset(eliminated(v).get(v.state_key, set()))
+        if expert is None or expert in avoid or rng.random() < self.epsilon:
+            action = self.env.random_actions([v.slot], rng, [avoid])[0]
+            self.last_random[trial] = (t, action)
+            return f"Trying something.\n{self.act(action)}"
+        return f"Following the plan.\n{self.act(expert)}"
+
+    def _review(self, trial: int, v: RIRView) -> str:
+        rng = self.rng(trial, REVIEW)
+        s, t = v.signals, v.checkpoint
+        lost = v.values[-1] < max(v.values)
+        reasons = []
+        if s.failed:
+            reasons.append(f"the world reports an irreversible failure at C_{t}")
+        if s.current_revisits:
+            reasons.append("the current state was already visited on this path (a cycle)")
+        if s.steps_since_progress >= self.stall:
+            reasons.append(f"no progress for {s.steps_since_progress} steps")
+        if v.trigger == "agent" and lost:
+            reasons.append("the last moves lost progress")
+        verdict = replies.ROLLBACK if reasons else replies.CONTINUE
+        if self.noise > 0 and rng.random() < self.noise:
+            verdict = replies.CONTINUE if verdict == replies.ROLLBACK else replies.ROLLBACK
+        urgency = min(1.0, s.steps_since_progress / self.stall)
+        elim = []
+        if verdict == replies.ROLLBACK:
+            r = best_restore(v)
+            if r < t:
+                elim.append(f"avoid '{v.path[r]}' at state {v.keys[r]}")
+        diagnosis = "; ".join(reasons) or "no clear failure (verdict flipped by noise)"
+        return replies.write_review(
+            verdict, urgency, diagnosis if verdict == replies.ROLLBACK else "", elim=elim
+        )
+
+    def _patch(self, v: RIRView) -> str:
+        r, t = v.restore, v.checkpoint
+        best = max(range(t + 1), key=lambda i: (v.values[i], i))
+        milestones = [f"an earlier attempt reached: {v.summaries[best]}"] if best > r else []
+        actions = ", ".join(v.path[r:]) or "none"
+        return replies.write_patch(
+            milestones,
+            f"{v.diagnosis or 'the branch stalled'}; the abandoned actions from C_{r} were: {actions}",
+        )
+
+
+class RIRRandomPolicy(_Scripted):
+    _GARBAGE = (
+        "",
+        "continue",
+        "<verdict>maybe</verdict>",
+        "<urgency>nan</urgency><verdict>rollback</verdict>",
+        "<verdict>rollback</verdict><urgency>inf</urgency>",
+        "<range>C_9 - C_2</range>",
+        "<range>-3 - 999999999</range>",
+        "<restore>C_999</restore>",
+        "<restore>last</restore>",
+        "<milestones>",
+        "<failure></failure>",
+        "<knowledge>elim: </knowledge>",
+        "<<reflection memory>>",
+        "<range>C_</range><restore>C_-1</restore>",
+        "<urgency>-inf</urgency>\x00\ud800",
+    )
+
+    def __init__(self, rollback_prob: float = 0.15, malformed: float = 0.3, bad_action: float = 0.05):
+        super().__init__()
+        self.rollback_prob, self.malformed, self.bad_action = rollback_prob, malformed, bad_action
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        return [Generation(self._one(req.trial, req.view)) for req in requests]
+
+    def _one(self, trial: int, v: RIRView) -> str:
+        rng = self.rng(trial, v.kind)
+        t = v.checkpoint
+        if v.kind == EXECUTE:
+            x = rng.random()
+            if x < self.rollback_prob:
+                return self.act("rollback")
+            if x < self.rollback_prob + self.bad_action:
+                return str(self._GARBAGE[int(rng.integers(len(self._GARBAGE)))])
+            return self.act(self.env.random_actions([v.slot], rng)[0])
+        if rng.random() < self.malformed:
+            return str(self._GARBAGE[int(rng.integers(len(self._GARBAGE)))])
+        if v.kind == REVIEW:
+            urgency = float(rng.choice([0.0, 0.5, 1.0, rng.random(), -2.0, 7.5]))
+            verdict = replies.ROLLBACK if rng.random() < 0.5 else replies.CONTINUE
+            obs = [f"note {int(rng.integers(5))} seen at C_{t}"] if rng.random() < 0.5 else []
+            return replies.write_review(verdict, urgency, "random diagnosis", obs=obs)
+        if v.kind == COARSE:
+            a, b = sorted(int(x) for x in rng.integers(0, t + 2, size=2))
+            return replies.write_range(a, b)
+        if v.kind == FINE:
+            return replies.write_restore(int(rng.integers(0, t + 2)), float(rng.random()), "random")
+        return replies.write_patch([f"milestone {int(rng.integers(3))}"], "random failure analysis")
+
+
+class RIRModelPolicy:
+    """Agent calls on row ``slot``, auxiliary calls on row ``slot + n`` of the wrapped ``ModelPolicy``."""
+
+    needs_text = True
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+        self.offset = 0
+
+    def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
+        self.offset = (max(slots) + 1) if len(slots) else 1
+        self.inner.begin(specs, list(slots) + [s + self.offset for s in slots], env)
+
+    def aux_row(self, slot: int) -> int:
+        return slot + self.offset
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        mapped = [
+            r if r.view.kind == EXECUTE else dataclasses.replace(r, slot=self.aux_row(r.slot))
+            for r in requests
+        ]
+        return self.inner.generate(mapped)
+
+    def end(self) -> None:
+        self.inner.end()
+
+
+def as_rir_policy(policy: Any, cfg: Any = None) -> Any:
+    """The RIR counterpart of a ReTRAIL policy object (``retrojax eval`` builds those from ``--policy``):
+    oracle → :class:`RIROraclePolicy` (same ε; ``rir.oracle_noise`` / ``rir.oracle_stall``), random →
+    :class:`RIRRandomPolicy`, model → :class:`RIRModelPolicy`; any other policy (a served model reading
+    ``Request.messages``) answers every role as it is."""
+    from retrojax.agent.policies import ModelPolicy, OraclePolicy, RandomPolicy
+
+    r = getattr(cfg, "rir", None)
+    if isinstance(policy, OraclePolicy):
+        return RIROraclePolicy(
+            policy.epsilon,
+            noise=float(getattr(r, "oracle_noise", 0.0)),
+            stall=int(getattr(r, "oracle_stall", 4)),
+        )
+    if isinstance(policy, RandomPolicy):
+        return RIRRandomPolicy()
+    if isinstance(policy, ModelPolicy):
+        return RIRModelPolicy(policy)
+    return policy

@@ -1,0 +1,221 @@
+"""Reply formats of the auxiliary roles and their parsers. Every parser is total: any input (even a
+non-string) gives a result whose ``problems`` list says what was wrong; the controller then applies the
+documented fallback. Only the *last* occurrence of a tag counts.
+
+- review (D_ψ, Eq. 4)::
+
+      <verdict>continue | rollback</verdict>
+      <urgency>0.0 … 1.0</urgency>
+      <diagnosis>why the branch fails (used when rolling back)</diagnosis>
+      <knowledge>
+      obs: an observed fact
+      elim: an option ruled out by evidence
+      aff: what an action or tool does
+      </knowledge>
+
+  fallbacks: a missing/unknown verdict → continue; a malformed urgency → the schedule's default.
+- coarse (Eq. 6): ``<range>C_l - C_u</range>`` (also ``l, u`` or ``C_l to C_u``) with ``0 ≤ l ≤ u ≤ t``;
+  fallback: the whole path ``[0, t]``.
+- fine (Eqs. 7-8): ``<restore>C_r</restore>``, ``<confidence>0..1</confidence>``, ``<why>…</why>`` with
+  ``r`` an admissible candidate; fallback: the latest admissible checkpoint in ``[l, u]``.
+- patch (Eq. 10): ``<milestones>`` lines ``- …`` ``</milestones>`` and ``<failure>…</failure>``; fallback:
+  no milestones, F = the reviewer's diagnosis.
+- the agent's rollback tool: the action ``rollback`` (optionally ``rollback: reason``) in the world's
+  action format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+
+from retrojax.agent.rir.memory import CHANNELS, Knowledge
+from retrojax.agent.rir.schedule import clamp_urgency
+
+CONTINUE = "continue"
+ROLLBACK = "rollback"
+MAX_FIELD_CHARS = 2000
+
+_ROLLBACK_TOOL = re.compile(r"^\s*rollback\s*(?:[:\-—]|$)", re.IGNORECASE)
+_INDEX = re.compile(r"(?:c\s*_?\s*)?(\d{1,9})", re.IGNORECASE)
+_RANGE = re.compile(
+    r"^\s*(?:c\s*_?\s*)?(\d{1,9})\s*(?:-|–|—|,|to|\.\.)\s*(?:c\s*_?\s*)?(\d{1,9})\s*\.?\s*$", re.IGNORECASE
+)
+_SINGLE = re.compile(r"^\s*(?:c\s*_?\s*)?(\d{1,9})\s*\.?\s*$", re.IGNORECASE)
+_CHANNEL_LINE = re.compile(r"^\s*[-*]?\s*(obs|elim|aff)\s*:\s*(.*)$", re.IGNORECASE)
+
+
+def _text(x: object) -> str:
+    return x if isinstance(x, str) else ""
+
+
+def last_tag(text: object, tag: str) -> str | None:
+    """The content of the last complete ``<tag>…</tag>`` (case-insensitive), stripped; None if absent."""
+    s = _text(text)
+    lower = s.lower()
+    close = f"</{tag}>"
+    end = lower.rfind(close)
+    if end < 0:
+        return None
+    start = lower.rfind(f"<{tag}>", 0, end)
+    if start < 0:
+        return None
+    return s[start + len(tag) + 2 : end].strip()[:MAX_FIELD_CHARS]
+
+
+def is_rollback_request(content: object) -> bool:
+    """The agent's action content calls the rollback tool."""
+    return isinstance(content, str) and _ROLLBACK_TOOL.match(content) is not None
+
+
+def _unit(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text.strip().rstrip("."))
+    except (ValueError, OverflowError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Review:
+    verdict: str  # CONTINUE | ROLLBACK (after the fallback)
+    urgency: float | None  # as written (None: missing or not a number); clamp with the schedule
+    diagnosis: str
+    knowledge: Knowledge
+    problems: tuple[str, ...] = ()
+
+    def rho(self, default: float) -> float:
+        return clamp_urgency(self.urgency, default)
+
+
+def parse_review(text: object) -> Review:
+    problems = []
+    raw = last_tag(text, "verdict")
+    verdict = (raw or "").strip().strip(".").lower()
+    if verdict not in (CONTINUE, ROLLBACK):
+        problems.append("no <verdict>continue|rollback</verdict>; treated as continue")
+        verdict = CONTINUE
+    urgency = _unit(last_tag(text, "urgency"))
+    if urgency is None:
+        problems.append("no numeric <urgency>; the schedule's default is used")
+    diagnosis = last_tag(text, "diagnosis") or ""
+    body = last_tag(text, "knowledge") or ""
+    found: dict[str, list[str]] = {c: [] for c in CHANNELS}
+    for line in body.splitlines():
+        m = _CHANNEL_LINE.match(line)
+        if m and m.group(2).strip():
+            found[m.group(1).lower()].append(m.group(2).strip())
+    knowledge = Knowledge(**{c: tuple(v) for c, v in found.items()})
+    return Review(verdict, urgency, diagnosis, knowledge, tuple(problems))
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    lo: int | None
+    hi: int | None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return self.lo is not None and self.hi is not None
+
+
+def parse_range(text: object, t: int) -> Interval:
+    """``[l, u]`` with ``0 ≤ l ≤ u ≤ t``; otherwise an invalid interval with the reason."""
+    raw = last_tag(text, "range")
+    if raw is None:
+        return Interval(None, None, ("no <range>C_l - C_u</range>",))
+    m = _RANGE.match(raw)
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+    else:
+        one = _SINGLE.match(raw)
+        if not one:
+            return Interval(None, None, (f"unreadable range {raw[:40]!r}",))
+        lo = hi = int(one.group(1))
+    if not 0 <= lo <= hi <= t:
+        return Interval(None, None, (f"range C_{lo} - C_{hi} is not inside C_0 … C_{t} with l ≤ u",))
+    return Interval(lo, hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    target: int | None
+    confidence: float | None
+    justification: str
+    problems: tuple[str, ...] = ()
+
+
+def parse_restore(text: object, candidates: Sequence[int]) -> Selection:
+    """The restore point ``r`` among ``candidates`` (the admissible checkpoints in ``[l, u]``)."""
+    why = last_tag(text, "why") or ""
+    conf = _unit(last_tag(text, "confidence"))
+    conf = None if conf is None else clamp_urgency(conf, 0.0)
+    raw = last_tag(text, "restore")
+    if raw is None:
+        return Selection(None, conf, why, ("no <restore>C_r</restore>",))
+    m = _SINGLE.match(raw)
+    if not m:
+        return Selection(None, conf, why, (f"unreadable restore point {raw[:40]!r}",))
+    r = int(m.group(1))
+    if r not in set(candidates):
+        return Selection(None, conf, why, (f"C_{r} is not one of the candidates",))
+    return Selection(r, conf, why)
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    milestones: tuple[str, ...]
+    failure: str
+    problems: tuple[str, ...] = ()
+
+
+def parse_patch(text: object) -> Patch:
+    problems = []
+    body = last_tag(text, "milestones")
+    milestones: list[str] = []
+    if body is None:
+        problems.append("no <milestones> block")
+    else:
+        for line in body.splitlines():
+            item = line.strip().lstrip("-*•").strip()
+            if item and item.lower() != "none":
+                milestones.append(item)
+    failure = last_tag(text, "failure")
+    if not failure:
+        problems.append("no <failure> analysis; the reviewer's diagnosis is used")
+        failure = ""
+    return Patch(tuple(milestones), failure, tuple(problems))
+
+
+# -- writers (scripted players reply through these, so their text goes through the same parsers) -----
+
+
+def write_review(
+    verdict: str,
+    urgency: float,
+    diagnosis: str = "",
+    obs: Sequence[str] = (),
+    elim: Sequence[str] = (),
+    aff: Sequence[str] = (),
+) -> str:
+    lines = [f"obs: {x}" for x in obs] + [f"elim: {x}" for x in elim] + [f"aff: {x}" for x in aff]
+    return (
+        f"<verdict>{verdict}</verdict>\n<urgency>{urgency:.2f}</urgency>\n"
+        f"<diagnosis>{diagnosis}</diagnosis>\n<knowledge>\n" + "\n".join(lines) + "\n</knowledge>"
+    )
+
+
+def write_range(lo: int, hi: int) -> str:
+    return f"<range>C_{lo} - C_{hi}</range>"
+
+
+def write_restore(r: int, confidence: float, why: str) -> str:
+    return f"<restore>C_{r}</restore>\n<confidence>{confidence:.2f}</confidence>\n<why>{why}</why>"
+
+
+def write_patch(milestones: Sequence[str], failure: str) -> str:
+    items = "\n".join(f"- {m}" for m in milestones) or "none"
+    return f"<milestones>\n{items}\n</milestones>\n<failure>{failure}</failure>"
