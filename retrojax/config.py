@@ -145,6 +145,28 @@ class SFTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RIRConfig:
+    """RIR (retrojax.agent.rir): paper defaults (L_min, L_max) = (4, 8); the rest are our choices."""
+
+    l_min: float = 4.0
+    l_max: float = 8.0
+    l_0: float = 4.0  # horizon at the start and after every rollback (our choice: L_min)
+    default_urgency: float = 0.5  # a malformed urgency ρ
+    rollback_budget: int = 3  # B_rb (our choice)
+    agent_budget: int = 60  # B_agent: agent replies per task (our choice: ReTRAIL's 60-call ceiling)
+    aux_counts_against_agent: bool = False  # auxiliary calls are counted separately (our choice)
+    review_on_failure: bool = True  # review an irreversible failure before the trial ends
+    history_steps: int = 16  # path steps shown to the reviewer and the coarse selector
+    max_review_tokens: int = 384
+    max_select_tokens: int = 96
+    max_patch_tokens: int = 384
+    oracle_noise: float = 0.0  # scripted oracle reviewer: chance of flipping a verdict
+    oracle_stall: int = 4  # scripted oracle reviewer: steps without progress that count as a stall
+    range_l_min: tuple[int, ...] = (2, 4, 6)  # the (L_min, L_max) sweep of `retrojax rir --table range`
+    range_l_max: tuple[int, ...] = (6, 8, 12)
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole run."""
 
@@ -156,6 +178,7 @@ class Config:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
+    rir: RIRConfig = dataclasses.field(default_factory=RIRConfig)
 
 
 # ----------------------------------------------------------------------------------------------
