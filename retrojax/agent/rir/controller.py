@@ -673,6 +673,7 @@ class RIRTrial:
                 "trigger": rec["trigger"],
                 "fallback": bool(rec.get("restore_fallback")),
                 "range_fallback": bool(rec.get("range_fallback")),
+                "after_call": len(self.calls),
             }
         )
         self.proposal = None  # the pending action a_t is dropped
