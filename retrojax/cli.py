@@ -78,6 +78,22 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--json", default=None)
     ev.set_defaults(func=_handler("retrojax.eval.protocol:main"))
 
+    # --- rir ---------------------------------------------------------------------------------
+    rir = sub.add_parser("rir", help="RIR report: main / when / where / components / range tables")
+    rir.add_argument("--config", action="append", required=True,
+                     help="a world's YAML config (repeatable or comma-separated: one column per world)")
+    rir.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config field in every world, e.g. --set rir.rollback_budget=5")
+    rir.add_argument("--table", default="all",
+                     help="main | when | where | components | range | all (or a comma list)")
+    rir.add_argument("--out", default="runs/rir", help="folder for report.md, summary.json and the heat map")
+    rir.add_argument("--policy", default="oracle:0.3", help="random | oracle:EPS | model:DIR")
+    rir.add_argument("--split", default=None, help="NAME:train|test (default: the config's test split)")
+    rir.add_argument("--seeds", type=int, default=3)
+    rir.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
+    rir.add_argument("--trials-per-task", type=int, default=None, help="replicates per task and seed")
+    rir.set_defaults(func=_handler("retrojax.eval.rir.report:main"))
+
     # --- train -------------------------------------------------------------------------------
     tr = sub.add_parser("train", help="ReTRAIL training (State-Anchored GRPO)")
     _add_config_args(tr, default="configs/sokoban_tiny.yaml")

@@ -20,6 +20,7 @@ from typing import Any
 from retrojax import config as config_lib
 from retrojax.agent.env_api import make_env
 from retrojax.agent.policies import ModelPolicy, OraclePolicy, Policy, RandomPolicy
+from retrojax.agent.rir.variants import is_rir, parse_variant
 from retrojax.agent.runner import run_trials
 from retrojax.agent.trial import parse_protocol
 
@@ -59,7 +60,7 @@ def _protocols(args: argparse.Namespace, cfg: Any) -> list[str]:
     names = [p.strip() for item in raw for p in item.split(",") if p.strip()]
     out = []
     for n in names:
-        name = parse_protocol(n).name
+        name = parse_variant(n).name if is_rir(n) else parse_protocol(n).name  # RIR/…: retrojax.agent.rir
         if name not in out:
             out.append(name)
     return out
@@ -75,13 +76,23 @@ def _split(args: argparse.Namespace, cfg: Any) -> str:
 def evaluate(cfg: Any, policy: Policy, split: str, protocols: list[str], seeds: int,
              tasks: int | None = None, trials_per_task: int | None = None) -> dict[str, Any]:
     """Run the protocols and return the report dict (see the module docstring)."""
+    rir = [p for p in protocols if is_rir(p)]  # RIR variants run as their own paired batch
     env = make_env(cfg, split)
     try:
         n = env.num_tasks if tasks is None else min(tasks, env.num_tasks)
         start = time.perf_counter()
-        _, metrics = run_trials(cfg, policy, task_ids=range(n), seeds=range(seeds),
-                                trials_per_task=trials_per_task, protocols=protocols, env=env,
-                                record_tokens=False)
+        metrics: dict[str, Any] = {"results": {}}
+        if len(rir) < len(protocols):
+            _, metrics = run_trials(cfg, policy, task_ids=range(n), seeds=range(seeds),
+                                    trials_per_task=trials_per_task,
+                                    protocols=[p for p in protocols if not is_rir(p)], env=env,
+                                    record_tokens=False)
+        if rir:
+            from retrojax.eval.rir.run import evaluate_rir
+
+            part, _ = evaluate_rir(cfg, policy, split, rir, seeds, n, trials_per_task, env=env)
+            metrics["results"].update(part["results"])
+            metrics["rir"] = part["rir"]
         elapsed = time.perf_counter() - start
     finally:
         env.close()
@@ -127,6 +138,10 @@ def main(args: argparse.Namespace) -> int:
     report["policy"] = args.policy
     report["config"] = args.config
     print(format_report(report, args.policy))
+    if "rir" in report:
+        from retrojax.eval.rir.report import format_eval
+
+        print(format_eval(report))
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,346 @@
+"""``retrojax rir``: the paper-style RIR report — Table 1 (SR per world, DR, Avg SR), Table 2 (rollbacks
+per task), Table 3 (when / where / components variants with SR, DR, steps, reviews, rollbacks, auxiliary
+calls), the (L_min, L_max) range heat map (PNG) — with the paper's anchor numbers beside ours, marked as
+the paper's. Every world's variants run as ONE paired batch (same tasks, seeds, replicates); ReTRAIL's
+protocols run on the same tasks for the main table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from retrojax import config as config_lib
+from retrojax.eval.rir import metrics
+
+TABLES = ("main", "when", "where", "components", "range")
+MAIN = ("RIR/react", "RIR/no-rollback", "RIR/restart", "RIR")
+WHEN = ("RIR/agent-only", "RIR/scheduled-only", "RIR/hybrid-fixed", "RIR")
+WHERE = ("RIR/no-rollback", "RIR/restart", "RIR/direct", "RIR")
+COMPONENTS = ("RIR/no-rollback", "RIR/rollback-only", "RIR")
+RETRAIL = ("P@1", "T@1", "T@3")
+LABELS = {
+    "RIR/react": "ReAct (no recovery)",
+    "RIR/no-rollback": "Reflection only (no rollback)",
+    "RIR/restart": "Restart",
+    "RIR/direct": "Direct selection",
+    "RIR/rollback-only": "Rollback only",
+    "RIR/agent-only": "Agent-only review",
+    "RIR/scheduled-only": "Scheduled-only review",
+    "RIR/hybrid-fixed": "Hybrid (fixed)",
+    "RIR": "RIR (hybrid, adaptive)",
+    "P@1": "ReTRAIL P@1",
+    "T@1": "ReTRAIL T@1",
+    "T@3": "ReTRAIL T@3",
+}
+# The paper's anchors (ScienceWorld, DeepSeek-V3), shown beside ours and marked as the paper's.
+PAPER = {
+    "RIR": {"success": 0.7675, "dense_reward": 0.813, "steps": 42.4, "rollbacks": 0.92},
+    "RIR/range-2-8": {"success": 0.7749, "rollbacks": 0.77},
+}
+PAPER_NOTE = "paper: ScienceWorld, DeepSeek-V3 (their numbers, not ours)"
+
+
+def protocols_for(tables: list[str], cfg: Any) -> list[str]:
+    out: list[str] = []
+    groups = {"main": MAIN, "when": WHEN, "where": WHERE, "components": COMPONENTS, "range": ("RIR",)}
+    for t in tables:
+        for p in groups[t]:
+            if p not in out:
+                out.append(p)
+    if "range" in tables:
+        for lo in cfg.rir.range_l_min:
+            for hi in cfg.rir.range_l_max:
+                if lo <= hi:
+                    name = f"RIR/range-{lo}-{hi}"
+                    if name not in out:
+                        out.append(name)
+    return out
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.2f}%"
+
+
+def _row(name: str, r: dict[str, Any] | None, fields: list[str]) -> str:
+    if r is None:
+        return ""
+    cells = [LABELS.get(name, name)]
+    for f in fields:
+        v = r.get(f)
+        if f == "success":
+            lo, hi = r.get("ci95", [None, None])
+            cells.append(f"{_pct(v)} [{_pct(lo)}, {_pct(hi)}]" if lo is not None else _pct(v))
+        elif v is None:
+            cells.append("–")
+        else:
+            cells.append(f"{v:.3f}" if f == "dense_reward" else f"{v:.2f}")
+    return "| " + " | ".join(cells) + " |"
+
+
+def _variant_table(title: str, worlds: dict[str, dict[str, Any]], names: tuple[str, ...]) -> list[str]:
+    fields = ["success", "dense_reward", "steps", "actions", "reviews", "rollbacks", "aux_calls"]
+    head = "| variant | SR [95% CI] | DR | steps | actions | reviews | rollbacks | aux calls |"
+    out = [f"## {title}", ""]
+    for world, data in worlds.items():
+        out += [f"### {world} ({data['split']})", "", head, "|" + "---|" * 8]
+        out += [_row(n, data["results"].get(n), fields) for n in names if n in data["results"]]
+        out.append("")
+    p = PAPER["RIR"]
+    out += [
+        f"{PAPER_NOTE}: RIR {_pct(p['success'])} SR, DR {p['dense_reward']:.3f}, {p['steps']:.1f} steps, "
+        f"{p['rollbacks']:.2f} rollbacks per task.",
+        "",
+    ]
+    return out
+
+
+def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path) -> str:
+    lines = [
+        "# RIR report",
+        "",
+        "Every world's variants ran as one paired batch (same tasks, seeds, replicates). "
+        "SR: success rate with a Wilson 95% interval; DR: ScienceWorld's normalized final score (the games: "
+        "the binary outcome); steps: final path length; actions: environment actions executed, abandoned "
+        "ones included; reviews, rollbacks (executed restores) and auxiliary calls per task. "
+        f"Rows marked '{PAPER_NOTE}' are the paper's figures, not ours.",
+        "",
+    ]
+    for world, data in worlds.items():
+        lines.append(
+            f"- {world}: `{data['split']}`, policy `{data['policy']}`, {data['tasks']} tasks × "
+            f"{data['seeds']} seeds × {data['trials_per_task']} replicates, {data['seconds']:.0f} s"
+            + (
+                " — **ALFWorld ran on generated games, not the official ALFWorld games**"
+                if data["split"].startswith("alfworld-gen")
+                else ""
+            )
+        )
+    lines.append("")
+    if "main" in tables:
+        names = [n for n in (*RETRAIL, *MAIN) if any(n in d["results"] for d in worlds.values())]
+        head = "| method | " + " | ".join(f"{w} SR [95% CI]" for w in worlds) + " | DR | Avg SR |"
+        lines += ["## Table 1 — main results", "", head, "|" + "---|" * (len(worlds) + 3)]
+        for n in names:
+            srs = [d["results"].get(n, {}).get("success") for d in worlds.values()]
+            cells = []
+            for d in worlds.values():
+                r = d["results"].get(n)
+                cells.append(
+                    "–" if r is None else f"{_pct(r['success'])} [{_pct(r['ci95'][0])}, {_pct(r['ci95'][1])}]"
+                )
+            drs = [d["results"][n].get("dense_reward") for d in worlds.values() if n in d["results"]]
+            dr = (
+                f"{drs[0]:.3f}"
+                if len(drs) == 1 and drs[0] is not None
+                else (" / ".join(f"{x:.3f}" for x in drs if x is not None) or "–")
+            )
+            known = [s for s in srs if s is not None]
+            avg = _pct(sum(known) / len(known)) if known else "–"
+            lines.append(f"| {LABELS.get(n, n)} | " + " | ".join(cells) + f" | {dr} | {avg} |")
+        p = PAPER["RIR"]
+        lines += [
+            f"| RIR — {PAPER_NOTE} | "
+            + " | ".join("–" for _ in worlds)
+            + f" | {p['dense_reward']:.3f} | {_pct(p['success'])} (ScienceWorld) |",
+            "",
+        ]
+        lines += [
+            "## Table 2 — executed rollbacks per task",
+            "",
+            "| method | " + " | ".join(worlds) + " |",
+            "|" + "---|" * (len(worlds) + 1),
+        ]
+        for n in ("RIR/restart", "RIR/direct", "RIR/rollback-only", "RIR", "T@1", "T@3"):
+            vals = [
+                d["results"].get(n, {}).get("rollbacks", d["results"].get(n, {}).get("rewinds"))
+                for d in worlds.values()
+            ]
+            if any(v is not None for v in vals):
+                lines.append(
+                    f"| {LABELS.get(n, n)} | "
+                    + " | ".join("–" if v is None else f"{v:.2f}" for v in vals)
+                    + " |"
+                )
+        lines += [f"| RIR — {PAPER_NOTE} | {PAPER['RIR']['rollbacks']:.2f} (ScienceWorld) |", ""]
+        lines += ["## Oracle acceptance (paired differences, 95% intervals)", ""]
+        for world, data in worlds.items():
+            for key, d in data.get("acceptance", {}).items():
+                lines.append(
+                    f"- {world}: {key} = {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] over "
+                    f"{d['n']} pairs — lower bound {'above' if d['pass'] else 'NOT above'} 0"
+                )
+        lines.append("")
+    if "when" in tables:
+        lines += _variant_table("Table 3a — when to review", worlds, WHEN)
+    if "where" in tables:
+        lines += _variant_table("Table 3b — where to recover (Figure 4)", worlds, WHERE)
+    if "components" in tables:
+        lines += _variant_table("Table 3c — rollback vs reflection", worlds, COMPONENTS)
+    if "range" in tables:
+        lines += ["## Range sweep (L_min, L_max)", ""]
+        for world, data in worlds.items():
+            png = out / f"range_{world}.png"
+            grid = range_grid(data["results"])
+            heat_map(grid, png, f"RIR range sweep — {world}")
+            lines += [
+                f"### {world}",
+                "",
+                f"![range heat map]({png.name})",
+                "",
+                "| L_min \\ L_max | " + " | ".join(str(h) for h in grid["l_max"]) + " |",
+                "|" + "---|" * (len(grid["l_max"]) + 1),
+            ]
+            for i, lo in enumerate(grid["l_min"]):
+                cells = []
+                for j in range(len(grid["l_max"])):
+                    sr, rb = grid["sr"][i][j], grid["rb"][i][j]
+                    cells.append("–" if sr is None else f"{_pct(sr)} ({rb:.2f} rb)")
+                lines.append(f"| {lo} | " + " | ".join(cells) + " |")
+            p = PAPER["RIR/range-2-8"]
+            lines += [
+                "",
+                f"{PAPER_NOTE}: best (2, 8) {_pct(p['success'])} SR with {p['rollbacks']:.2f} rollbacks; "
+                f"default (4, 8) {_pct(PAPER['RIR']['success'])}.",
+                "",
+            ]
+    return "\n".join(x for x in lines if x is not None)
+
+
+def range_grid(results: dict[str, Any]) -> dict[str, Any]:
+    cells = {}
+    for name, r in results.items():
+        if name.startswith("RIR/range-"):
+            lo, hi = (int(x) for x in name.rsplit("-", 2)[-2:])
+            cells[(lo, hi)] = r
+    los = sorted({k[0] for k in cells})
+    his = sorted({k[1] for k in cells})
+    sr = [[cells[(a, b)]["success"] if (a, b) in cells else None for b in his] for a in los]
+    rb = [[cells[(a, b)]["rollbacks"] if (a, b) in cells else None for b in his] for a in los]
+    return {"l_min": los, "l_max": his, "sr": sr, "rb": rb}
+
+
+def heat_map(grid: dict[str, Any], path: Path, title: str) -> None:
+    """SR as colour over (L_min, L_max), each cell labelled with SR and rollbacks per task."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    sr = np.array([[np.nan if v is None else v for v in row] for row in grid["sr"]], float)
+    fig, ax = plt.subplots(
+        figsize=(1.4 + 1.2 * max(1, len(grid["l_max"])), 1.2 + 1.0 * max(1, len(grid["l_min"])))
+    )
+    im = ax.imshow(
+        sr,
+        cmap="viridis",
+        vmin=np.nanmin(sr) if np.isfinite(sr).any() else 0,
+        origin="lower",
+        vmax=np.nanmax(sr) if np.isfinite(sr).any() else 1,
+    )
+    for i in range(sr.shape[0]):
+        for j in range(sr.shape[1]):
+            if np.isfinite(sr[i, j]):
+                ax.text(
+                    j,
+                    i,
+                    f"{100 * sr[i, j]:.1f}%\n{grid['rb'][i][j]:.2f} rb",
+                    ha="center",
+                    va="center",
+                    color="white",
+                    fontsize=8,
+                )
+    ax.set_xticks(range(len(grid["l_max"])), [str(x) for x in grid["l_max"]])
+    ax.set_yticks(range(len(grid["l_min"])), [str(x) for x in grid["l_min"]])
+    ax.set_xlabel("L_max")
+    ax.set_ylabel("L_min")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label="success rate")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def format_eval(report: dict[str, Any]) -> str:
+    """The RIR columns of ``retrojax eval`` (printed after ReTRAIL's table)."""
+    rir = report["rir"]
+    lines = ["RIR variants (one paired batch):", metrics.format_table(report["results"], rir["protocols"])]
+    for key, d in rir.get("acceptance", {}).items():
+        lines.append(f"paired {key}: {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] (n = {d['n']})")
+    if rir.get("world_errors"):
+        lines.append(f"world errors: {rir['world_errors']}")
+    return "\n".join(lines)
+
+
+def run_world(
+    cfg_path: str,
+    overrides: list[str],
+    policy_spec: str,
+    tables: list[str],
+    seeds: int,
+    tasks: int | None,
+    split: str | None,
+    trials_per_task: int | None,
+) -> dict[str, Any]:
+    from retrojax.eval.protocol import evaluate, make_policy
+
+    cfg = config_lib.load(cfg_path, overrides)
+    base = cfg.env.split
+    split = split or (base if ":" in base else f"{base}:test")
+    protocols = protocols_for(tables, cfg)
+    if "main" in tables:
+        protocols = [*RETRAIL, *protocols]
+    policy = make_policy(policy_spec, cfg)
+    n = tasks if tasks is not None else cfg.eval.num_tasks
+    report = evaluate(cfg, policy, split, protocols, seeds, n, trials_per_task)
+    return {
+        "world": cfg.env.name,
+        "split": split,
+        "policy": policy_spec,
+        "tasks": report["tasks"],
+        "seeds": seeds,
+        "trials_per_task": report["trials_per_task"],
+        "seconds": report["seconds"],
+        "results": report["results"],
+        "acceptance": report.get("rir", {}).get("acceptance", {}),
+        "world_errors": report.get("rir", {}).get("world_errors", {}),
+    }
+
+
+def main(args: argparse.Namespace) -> int:
+    """Handler of ``retrojax rir`` (flags in ``retrojax/cli.py``)."""
+    tables = list(TABLES) if args.table == "all" else [t.strip() for t in args.table.split(",")]
+    bad = [t for t in tables if t not in TABLES]
+    if bad:
+        print(f"retrojax rir: unknown table {bad[0]!r}; use {'|'.join(TABLES)}|all", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    worlds: dict[str, dict[str, Any]] = {}
+    try:
+        for cfg_path in [c for item in args.config for c in item.split(",") if c]:
+            data = run_world(
+                cfg_path,
+                args.overrides,
+                args.policy,
+                tables,
+                args.seeds,
+                args.tasks,
+                args.split,
+                args.trials_per_task,
+            )
+            worlds[data["world"]] = data
+    except (ValueError, KeyError, FileNotFoundError, config_lib.ConfigError) as e:
+        print(f"retrojax rir: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    text = build_report(worlds, tables, out)
+    (out / "report.md").write_text(text + "\n")
+    (out / "summary.json").write_text(json.dumps(worlds, indent=2, sort_keys=True))
+    print(text)
+    print(f"wrote {out / 'report.md'}")
+    return 0
