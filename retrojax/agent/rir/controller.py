@@ -54,7 +54,7 @@ class Node:
     index: int
     state_key: str
     progress: float
-    value: float  # branch value from C_0 (higher is better; the world's branch_value)
+    value: float  # the world's branch_value over (C_0, C_i): higher is better, a value of the state
     solved: bool
     failed: bool
     observation: str
@@ -517,8 +517,8 @@ class RIRTrial:
             return
         self.record.actions += 1
         prev = self.path[-1]
-        progress = [n.progress for n in self.path] + [info.progress]
-        value = float(self.env.branch_value(progress, info.solved, info.failed))
+        # V(C_0 → C_i) from the two ends only: a value per state (text worlds' branch value is a running max)
+        value = float(self.env.branch_value([self.path[0].progress, info.progress], info.solved, info.failed))
         score = float(info.score) if info.score is not None else prev.score + float(info.reward)
         self.path.append(
             Node(

@@ -4,11 +4,12 @@ and the wrapper that gives a Flax model's auxiliary calls their own sampler rows
 - :class:`RIROraclePolicy` — agent: the world's expert action with probability ``1 − ε``, a random one
   otherwise, never an action its memory eliminated at the current state (``E.elim`` entries written as
   ``avoid '<action>' at state <key>``); it calls ``rollback`` when its own random move lost progress.
-  Reviewer: Rollback on an irreversible failure, a state cycle closing at the current state, stalled progress
-  (``stall`` steps without a new best value) or, on an agent request, lost progress; Continue otherwise with
-  urgency = stalled steps / ``stall``. ``noise`` flips each verdict with that probability. Selectors use the
-  world's exact values (Eq. 8: the latest best-valued admissible checkpoint). Patcher: milestones and the
-  failure analysis of the abandoned suffix.
+  Reviewer: Rollback on an irreversible failure, or when the exact values show an earlier, better checkpoint
+  (lost progress) together with a state cycle closing at the current state, stalled progress (``stall``
+  steps without a new best value) or an agent request; Continue otherwise (a rollback with nothing better to
+  return to would only be k = 0) with urgency = stalled steps / ``stall``. ``noise`` flips each verdict
+  with that probability. Selectors use the world's exact values (Eq. 8: the latest best-valued
+  admissible checkpoint). Patcher: milestones and the failure analysis of the abandoned suffix.
 - :class:`RIRRandomPolicy` — fuzzing: random moves, random rollback requests, and auxiliary replies that
   are malformed with probability ``malformed`` (garbage, wrong tags, NaN/inf urgencies, out-of-range
   checkpoints) and otherwise random but well-formed.
@@ -160,12 +161,13 @@ class RIROraclePolicy(_Scripted):
         reasons = []
         if s.failed:
             reasons.append(f"the world reports an irreversible failure at C_{t}")
-        if s.current_revisits:
-            reasons.append("the current state was already visited on this path (a cycle)")
-        if s.steps_since_progress >= self.stall:
-            reasons.append(f"no progress for {s.steps_since_progress} steps")
-        if v.trigger == "agent" and lost:
-            reasons.append("the last moves lost progress")
+        elif lost:  # an earlier checkpoint is better: a cycle, a stall or a request is worth undoing
+            if s.current_revisits:
+                reasons.append("the current state was already visited on this path (a cycle)")
+            if s.steps_since_progress >= self.stall:
+                reasons.append(f"no progress for {s.steps_since_progress} steps")
+            if v.trigger == "agent":
+                reasons.append("the last moves lost progress")
         verdict = replies.ROLLBACK if reasons else replies.CONTINUE
         if self.noise > 0 and rng.random() < self.noise:
             verdict = replies.CONTINUE if verdict == replies.ROLLBACK else replies.ROLLBACK
