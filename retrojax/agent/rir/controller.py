@@ -684,8 +684,9 @@ class RIRTrial:
         self._resume(rolled_back=False)
         return None
 
-    def on_rewound(self, state_key: str | None = None) -> None:
-        """The world is back at ``C_r``: truncate the path and the agent's turns; resume there."""
+    def on_rewound(self, state_key: str | None = None, observation: str | None = None) -> None:
+        """The world is back at ``C_r``: truncate the path and the agent's turns; resume there. The world's
+        state key (or, for worlds without one, its observation) is checked against ``C_r``'s record."""
         rec = self.rec
         if self.phase != ENV or rec is None:
             raise RuntimeError(f"trial {self.spec.trial}: rewind result without a recovery")
@@ -694,6 +695,8 @@ class RIRTrial:
         self.turns = [tr for tr in self.turns if tr.checkpoint < r]
         if state_key is not None:
             self.record.restore_ok.append(state_key == self.path[r].state_key)
+        elif observation is not None:
+            self.record.restore_ok.append(observation == self.path[r].observation)
         self.record.rollbacks += 1
         self._resume(rolled_back=True)
 

@@ -109,9 +109,11 @@ class RIRRunner:
                 t.on_step(info, o)
         if rewinds:
             self.env.rewind([t.slot for t, _ in rewinds], [op.target for _, op in rewinds])
+            slots = [t.slot for t, _ in rewinds]
             key_of = getattr(self.env, "state_key", None)
-            for t, _ in rewinds:
-                t.on_rewound(key_of(t.slot) if callable(key_of) else None)
+            obs = [None] * len(slots) if callable(key_of) else self.env.observations(slots)
+            for (t, _), o in zip(rewinds, obs, strict=True):
+                t.on_rewound(key_of(t.slot) if callable(key_of) else None, o)
         self.ticks += 1
 
 
