@@ -12,8 +12,9 @@ from retrojax.eval.rir.metrics import paired
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world, split", [("sokoban", "sokoban-6x6-2:test"),
-                                          ("minesweeper", "minesweeper-6x6-3:test")])
+@pytest.mark.parametrize(
+    "world, split", [("sokoban", "sokoban-6x6-2:test"), ("minesweeper", "minesweeper-6x6-3:test")]
+)
 def test_oracle_acceptance_paired_batch(world, split, monkeypatch):
     cfg = config.load(f"configs/rir_{world}.yaml")
     captured = {}
@@ -36,5 +37,12 @@ def test_oracle_acceptance_paired_batch(world, split, monkeypatch):
     res = report["results"]
     assert res["RIR/hybrid-fixed"]["reviews"] > res["RIR"]["reviews"]
     for name in protocols:
-        assert set(res[name]) >= {"success", "ci95", "dense_reward", "actions", "reviews", "rollbacks",
-                                  "aux_calls"}
+        assert set(res[name]) >= {
+            "success",
+            "ci95",
+            "dense_reward",
+            "actions",
+            "reviews",
+            "rollbacks",
+            "aux_calls",
+        }

@@ -22,8 +22,16 @@ from retrojax.model.tokenizer import train_sentencepiece
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    texts = [REVIEW_SYSTEM, COARSE_SYSTEM, FINE_SYSTEM, PATCH_SYSTEM, "<verdict>rollback</verdict>",
-             "0: # # # # # #\n1: # _ X O _ #\n2: # _ P _ _ #\n", "<action>up, left</action>", "rollback"] * 4
+    texts = [
+        REVIEW_SYSTEM,
+        COARSE_SYSTEM,
+        FINE_SYSTEM,
+        PATCH_SYSTEM,
+        "<verdict>rollback</verdict>",
+        "0: # # # # # #\n1: # _ X O _ #\n2: # _ P _ _ #\n",
+        "<action>up, left</action>",
+        "rollback",
+    ] * 4
     tok = train_sentencepiece(texts, 400, tmp_path_factory.mktemp("spm"))
     model = Qwen3(dataclasses.replace(PRESETS["tiny"], vocab_size=tok.vocab_size))
     return model, tok
@@ -61,8 +69,15 @@ def test_agent_cache_unchanged_across_auxiliary_calls(tiny):
         return out
 
     policy.generate = watched
-    s = Settings(schedule=Schedule(1, 1, 1), rollback_budget=2, agent_budget=3, max_new_tokens=8,
-                 max_review_tokens=12, max_select_tokens=6, max_patch_tokens=12)
+    s = Settings(
+        schedule=Schedule(1, 1, 1),
+        rollback_budget=2,
+        agent_budget=3,
+        max_new_tokens=8,
+        max_review_tokens=12,
+        max_select_tokens=6,
+        max_patch_tokens=12,
+    )
     runner = RIRRunner(cfg, _env(cfg), policy, settings=s)
     batch = runner.run(make_specs([0, 1], [0], 1, ["RIR"]))
     assert checked["aux"] >= 2 and checked["agent"] >= 2

@@ -18,15 +18,28 @@ from retrojax.agent.rir.settings import Settings
 pytestmark = pytest.mark.textworlds
 
 
-@pytest.mark.parametrize("world, split", [("scienceworld", "scienceworld-boil:test"),
-                                          ("alfworld", "alfworld-gen:test")])
+@pytest.mark.parametrize(
+    "world, split", [("scienceworld", "scienceworld-boil:test"), ("alfworld", "alfworld-gen:test")]
+)
 def test_rir_restores_by_replay_without_divergence(world, split, tmp_path):
-    cfg = config.load(None, [f"env.name={world}", f"env.cache_dir={tmp_path}", "env.text_workers=2",
-                             "env.step_timeout_s=120", "env.num_tasks=2"])
+    cfg = config.load(
+        None,
+        [
+            f"env.name={world}",
+            f"env.cache_dir={tmp_path}",
+            "env.text_workers=2",
+            "env.step_timeout_s=120",
+            "env.num_tasks=2",
+        ],
+    )
     env = make_env(cfg, split)
     try:
-        runner = RIRRunner(cfg, env, RIRRandomPolicy(rollback_prob=0.35, malformed=0.0),
-                           settings=Settings(rollback_budget=3, agent_budget=10))
+        runner = RIRRunner(
+            cfg,
+            env,
+            RIRRandomPolicy(rollback_prob=0.35, malformed=0.0),
+            settings=Settings(rollback_budget=3, agent_budget=10),
+        )
         batch = runner.run(make_specs([0, 1], [0], 1, ["RIR", "RIR/restart"]))
         assert env.errors() == {}
     finally:
