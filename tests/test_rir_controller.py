@@ -293,3 +293,23 @@ def _named_before(trial, entry: str, call_index: int) -> bool:
         if c.role == "review" and entry in c.output_text:
             return True
     return False
+
+
+def test_a_memory_change_leaves_the_context_prefix_before_the_memory_block():
+    """The memory block closes the system prompt, so consecutive agent contexts share every token before it
+    (a model row re-encodes only from the first differing token, inside or after the block)."""
+    env = LineWorld(length=30, tasks=2)
+    s = Settings(rollback_budget=4, agent_budget=25, schedule=Schedule(2, 3, 2))
+    batch = RIRRunner(CFG, env, MarkerPolicy(env), settings=s).run(make_specs(range(2), [0], 1, ["RIR"]))
+    changed = 0
+    for t in batch.trials:
+        system, _ = t._system_ids()
+        head = len(("system\n" + system[: system.index(BLOCK_START)]).encode()) + 1
+        calls = [c for c in t.calls if c.role == "execution"]
+        for a, b in zip(calls, calls[1:], strict=False):
+            n = min(a.prompt_ids.size, b.prompt_ids.size)
+            diff = np.nonzero(a.prompt_ids[:n] != b.prompt_ids[:n])[0]
+            if diff.size:
+                changed += 1
+                assert diff[0] >= head
+    assert changed > 0
