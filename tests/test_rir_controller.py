@@ -313,3 +313,25 @@ def test_a_memory_change_leaves_the_context_prefix_before_the_memory_block():
                 changed += 1
                 assert diff[0] >= head
     assert changed > 0
+
+
+def test_rollback_verdict_with_the_budget_spent_acts_as_continue():
+    env = LineWorld(length=5, tasks=1)
+
+    class AlwaysRollback:
+        tokenizer, needs_text = None, False
+
+        def begin(self, *a):
+            pass
+
+        def end(self):
+            pass
+
+        def generate(self, requests):
+            return [Generation("<action>right</action>" if r.view.kind == EXECUTE
+                               else replies.write_review("rollback", 1.0, "always")) for r in requests]
+
+    s = Settings(schedule=Schedule(1, 2, 1), rollback_budget=0, agent_budget=10)
+    rec = RIRRunner(CFG, env, AlwaysRollback(), settings=s).run(make_specs([0], [0], 1, ["RIR"])).records[0]
+    assert rec.success and rec.actions == 5 and rec.reviews == 5 and rec.recoveries == rec.rollbacks == 0
+    assert rec.aux_calls == 5 and rec.horizons == [1.0]  # ρ = 1: L = L_min, unchanged
