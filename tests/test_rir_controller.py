@@ -196,18 +196,16 @@ def test_memory_is_replaced_not_appended_and_abandoned_markers_stay_out():
                 if m in gone:
                     assert REVERIFY in line, line
 
-    original_rewound = None
-
     runner._tick = tick
     from retrojax.agent.rir import controller as ctl
 
     original_rewound = ctl.RIRTrial.on_rewound
 
-    def on_rewound(self, state_key=None):
+    def on_rewound(self, state_key=None, observation=None):
         r = self.rec["r"]
         for node in self.path[r + 1 :]:
             abandoned.setdefault(self.spec.trial, set()).update(re.findall(r"MK\d+Z", node.observation))
-        original_rewound(self, state_key)
+        original_rewound(self, state_key, observation)
         check_context(self)
 
     ctl.RIRTrial.on_rewound = on_rewound
