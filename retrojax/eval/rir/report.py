@@ -233,7 +233,7 @@ def heat_map(grid: dict[str, Any], path: Path, title: str) -> None:
 
     sr = np.array([[np.nan if v is None else v for v in row] for row in grid["sr"]], float)
     fig, ax = plt.subplots(
-        figsize=(1.4 + 1.2 * max(1, len(grid["l_max"])), 1.2 + 1.0 * max(1, len(grid["l_min"])))
+        figsize=(max(5.0, 1.4 + 1.2 * len(grid["l_max"])), 1.6 + 1.0 * max(1, len(grid["l_min"])))
     )
     im = ax.imshow(
         sr,
@@ -262,8 +262,8 @@ def heat_map(grid: dict[str, Any], path: Path, title: str) -> None:
     ax.set_xlabel("L_max")
     ax.set_ylabel("L_min")
     p = PAPER["RIR/range-2-8"]
-    ax.set_title(f"{title}\nred box: the paper's best (2, 8), {100 * p['success']:.2f}% SR, "
-                 f"{p['rollbacks']:.2f} rb (ScienceWorld, DeepSeek-V3)", fontsize=8)
+    ax.set_title(f"{title}\nred box: the paper's best (2, 8): {100 * p['success']:.2f}% SR,\n"
+                 f"{p['rollbacks']:.2f} rb (their ScienceWorld, DeepSeek-V3 run)", fontsize=8)
     fig.colorbar(im, ax=ax, label="success rate")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
