@@ -167,6 +167,30 @@ class RIRConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The (data, fsdp, tp) device mesh (retrojax.parallel); -1 fills one axis with the devices left."""
+
+    data: int = 1  # outermost axis: crosses hosts (devices are ordered by process)
+    fsdp: int = -1  # weights' embed dim and batch rows
+    tp: int = 1  # heads / mlp / vocab
+    rules: tuple[str, ...] = ()  # logical-axis overrides, e.g. ["embed=none", "batch=data+fsdp"]
+    strict: bool = False  # raise when a rule cannot divide a dimension instead of replicating it
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """Multi-process runs through jax.distributed (one process per host or per GPU)."""
+
+    initialize: str = "auto"  # auto (when a coordinator or a cluster is detected) | on | off
+    coordinator: str | None = None  # host:port of process 0
+    num_processes: int | None = None
+    process_id: int | None = None
+    cpu_collectives: str = "gloo"  # CPU-only runs: gloo | mpi
+    compile_cache: bool = True  # JAX's persistent compilation cache
+    compile_cache_dir: str | None = None  # default: <user cache dir>/retrojax/jax
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole run."""
 
@@ -179,6 +203,8 @@ class Config:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)
     rir: RIRConfig = dataclasses.field(default_factory=RIRConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
 
 
 # ----------------------------------------------------------------------------------------------

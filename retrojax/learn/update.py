@@ -5,6 +5,11 @@ are merged back into the module inside the traced function. The optimizer is opt
 global norm, with a warmup + constant/cosine schedule. A non-finite loss or gradient skips the step (params
 and optimizer state pass through unchanged; ``metrics['skipped'] == 1``). Compiles once per batch shape;
 ``Update.traces`` counts traces so tests can check there is no retracing.
+
+With a ``ShardingPlan`` (retrojax.parallel.shard) the update and log-prob functions are jitted with explicit
+in/out shardings: params and optimizer state where the plan puts them, batches with rows over data × fsdp,
+metrics replicated scalars (so any process can read them); activations are pinned by the plan's rules while
+tracing.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import optax
 from flax import nnx
 
 from retrojax.learn.loss import model_logprobs, surrogate_loss
+from retrojax.parallel.rules import activation_sharding
 
 Params = dict[str, Any]
 
@@ -59,13 +65,30 @@ class Update:
 
     def __init__(self, graphdef: Any, template: Any, tx: optax.GradientTransformation, *,
                  clip_eps: float = 0.2, clip_eps_high: float | None = None, kl_coef: float = 0.0,
-                 chunk: int = 512):
+                 chunk: int = 512, plan: Any = None):
         self.traces = 0
         self.graphdef, self.template, self.tx = graphdef, template, tx
         self.loss_kwargs = dict(clip_eps=clip_eps, clip_eps_high=clip_eps_high, kl_coef=kl_coef)
         self.chunk = chunk
-        self._jitted = jax.jit(self._step, donate_argnums=(0, 1))
-        self._fwd_bwd = jax.jit(self._grads)
+        self.plan = plan
+        if plan is None:
+            self._jitted = jax.jit(self._step, donate_argnums=(0, 1))
+            self._fwd_bwd = jax.jit(self._grads)
+        else:
+            if plan.opt is None:
+                raise ValueError("the sharding plan has no optimizer shardings (make_plan(..., tx=tx))")
+            batch = plan.batch_prefix
+            self._jitted = jax.jit(self._step, donate_argnums=(0, 1),
+                                   in_shardings=(plan.params, plan.opt, batch),
+                                   out_shardings=(plan.params, plan.opt, plan.replicated))
+            self._fwd_bwd = jax.jit(self._grads, in_shardings=(plan.params, batch),
+                                    out_shardings=((plan.replicated, plan.replicated), plan.params))
+
+    def _context(self):
+        plan = self.plan
+        return activation_sharding(None if plan is None else plan.mesh,
+                                   None if plan is None else plan.rules,
+                                   False if plan is None else plan.strict)
 
     def loss(self, params: Params, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
         new_lp = model_logprobs(self.graphdef, self.template, params, batch, self.chunk)
@@ -92,32 +115,64 @@ class Update:
         return params, opt_state, metrics
 
     def __call__(self, params: Params, opt_state: Any, batch: dict[str, Any]):
-        return self._jitted(params, opt_state, batch)
+        with self._context():
+            return self._jitted(params, opt_state, batch)
 
     def fwd_bwd(self, params: Params, batch: dict[str, Any]):
         """Loss and gradients only (the bench's baseline for the cost of a step)."""
-        return self._fwd_bwd(params, batch)
+        with self._context():
+            return self._fwd_bwd(params, batch)
+
+    def lower(self, params: Any, opt_state: Any, batch: dict[str, Any]) -> Any:
+        """The update lowered for (possibly abstract) arguments: compile-only analysis, no allocation."""
+        with self._context():
+            return self._jitted.lower(params, opt_state, batch)
 
 
 class LogProbs:
     """Jitted per-token log-probs of a batch under given params (old-logprob check, frozen reference)."""
 
-    def __init__(self, graphdef: Any, template: Any, chunk: int = 512):
-        self.graphdef, self.template, self.chunk = graphdef, template, chunk
-        self._jitted = jax.jit(self._run)
+    def __init__(self, graphdef: Any, template: Any, chunk: int = 512, plan: Any = None):
+        self.graphdef, self.template, self.chunk, self.plan = graphdef, template, chunk, plan
+        if plan is None:
+            self._jitted = jax.jit(self._run)
+            self._gap = jax.jit(_gap)
+        else:
+            b = plan.batch_prefix
+            self._jitted = jax.jit(self._run, in_shardings=(plan.params, b, b, b), out_shardings=b)
+            self._gap = jax.jit(_gap, in_shardings=(b, b, b), out_shardings=plan.replicated)
 
     def _run(self, params: Params, input_ids: jax.Array, targets: jax.Array, attention_mask: jax.Array):
         batch = {"input_ids": input_ids, "targets": targets, "attention_mask": attention_mask}
         return model_logprobs(self.graphdef, self.template, params, batch, self.chunk)
 
     def __call__(self, params: Params, batch: dict[str, Any]) -> jax.Array:
-        return self._jitted(params, batch["input_ids"], batch["targets"], batch["attention_mask"])
+        plan = self.plan
+        with activation_sharding(None if plan is None else plan.mesh, None if plan is None else plan.rules):
+            return self._jitted(params, batch["input_ids"], batch["targets"], batch["attention_mask"])
+
+    def gap(self, logprobs: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+        """(max, sum, count) of |logprobs − old| over ``mask``, as one replicated device array."""
+        return self._gap(logprobs, old, mask)
 
 
-def make_update(model: nnx.Module, learn_cfg: Any, total_steps: int) -> tuple[Update, Params, Any]:
-    """(update, params, opt_state) for ``model`` under a ``LearnConfig``."""
+def _gap(lp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
+    d = jnp.where(mask, jnp.abs(lp - old), 0.0)
+    return jnp.stack([jnp.max(d, initial=0.0), jnp.sum(d), jnp.sum(mask).astype(jnp.float32)])
+
+
+def make_update(model: nnx.Module, learn_cfg: Any, total_steps: int, mesh: Any = None, overrides: Any = (),
+                strict: bool = False) -> tuple[Update, Params, Any]:
+    """(update, params, opt_state) for ``model`` under a ``LearnConfig``; on ``mesh``, placed by its plan."""
     graphdef, template, params = split_model(model)
     tx, _ = make_optimizer(learn_cfg, total_steps)
+    plan = None
+    if mesh is not None:
+        from retrojax.parallel.shard import init_optimizer, make_plan, place_params
+
+        plan = make_plan(model, mesh, overrides, strict, tx)
+        params = place_params(params, plan.params)
     upd = Update(graphdef, template, tx, clip_eps=learn_cfg.clip_eps, clip_eps_high=learn_cfg.clip_eps_high,
-                 kl_coef=learn_cfg.kl_coef, chunk=learn_cfg.logprob_chunk)
-    return upd, params, tx.init(params)
+                 kl_coef=learn_cfg.kl_coef, chunk=learn_cfg.logprob_chunk, plan=plan)
+    opt_state = tx.init(params) if plan is None else init_optimizer(tx, params, plan)
+    return upd, params, opt_state

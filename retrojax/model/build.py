@@ -19,18 +19,67 @@ class ByteTokenizer(ByteChatTokenizer):
 
 
 def build_model(cfg: Any) -> Any:
-    """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset."""
+    """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset.
+
+    On more than one device the weights are created (or read) directly into their train-profile
+    shardings on the ``cfg.mesh`` mesh: no device ever holds the whole model first.
+    """
     from retrojax.model import PRESETS, Qwen3
 
     dtype = jnp.dtype(cfg.model.dtype)
+    mesh = _mesh(cfg)
     if cfg.model.path:
         from retrojax.model.checkpoint import from_pretrained
 
-        return from_pretrained(cfg.model.path, dtype=dtype)
+        rules = None if mesh is None else _rules(cfg)
+        return from_pretrained(cfg.model.path, dtype=dtype, mesh=mesh,
+                               **({} if rules is None else {"rules": rules}))
     if cfg.model.preset not in PRESETS:
         raise ValueError(f"model.preset {cfg.model.preset!r} is not one of {sorted(PRESETS)}")
-    return Qwen3(PRESETS[cfg.model.preset], dtype=dtype, rngs=nnx.Rngs(cfg.model.seed),
-                 remat=cfg.learn.remat)
+    config = PRESETS[cfg.model.preset]
+    if mesh is not None:
+        return create_sharded(config, mesh, dtype=dtype, seed=cfg.model.seed, remat=cfg.learn.remat,
+                              overrides=cfg.mesh.rules, strict=cfg.mesh.strict)
+    return Qwen3(config, dtype=dtype, rngs=nnx.Rngs(cfg.model.seed), remat=cfg.learn.remat)
+
+
+def _mesh(cfg: Any) -> Any:
+    """The config's mesh when it spans more than one device, else None (plain single-device arrays)."""
+    if getattr(cfg, "mesh", None) is None:
+        return None
+    from retrojax.parallel.mesh import mesh_from_config
+
+    mesh = mesh_from_config(cfg)
+    return mesh if mesh.devices.size > 1 else None
+
+
+def _rules(cfg: Any) -> Any:
+    from retrojax.parallel.rules import rules_for
+
+    return rules_for("train", cfg.mesh.rules)
+
+
+def create_sharded(config: Any, mesh: Any, *, dtype: Any = jnp.float32, seed: int = 0, remat: bool = False,
+                   overrides: Any = (), strict: bool = False) -> Any:
+    """A random Qwen3 built directly sharded: ``jit`` with out_shardings over the abstract model.
+
+    Same values as ``Qwen3(config, rngs=nnx.Rngs(seed))`` (the same key and draw), whatever the mesh.
+    """
+    import jax
+
+    from retrojax.model.qwen3 import Qwen3, random_values
+    from retrojax.parallel.shard import make_plan
+
+    dtype = jnp.dtype(dtype)
+    model = nnx.eval_shape(lambda: Qwen3(config, dtype=dtype, remat=remat))
+    plan = make_plan(model, mesh, overrides, strict)
+    flat = {k: v for k, v in plan.params.items() if k != "layers"} | dict(plan.params["layers"])
+    init = jax.jit(random_values, static_argnums=(1, 2), out_shardings=flat)
+    values = init(nnx.Rngs(seed).params(), config, dtype)
+    for name, value in values.items():
+        owner = model.layers if name in plan.params["layers"] else model
+        getattr(owner, name).set_value(value)
+    return model
 
 
 def build_tokenizer(cfg: Any) -> Any:

@@ -22,6 +22,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from retrojax.model.qwen3 import Qwen3, Qwen3Config
+from retrojax.parallel.rules import TRAIN_RULES
+from retrojax.parallel.rules import partition_spec as _partition_spec
 
 _ST_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
@@ -29,11 +31,9 @@ _ST_DTYPES: dict[str, np.dtype] = {
 }
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
-# Logical axis name -> mesh axis name. Axes absent from the mesh, or not dividing the dim, stay replicated.
-DEFAULT_RULES: dict[str, str | None] = {
-    "vocab": "tp", "embed": "fsdp", "heads": "tp", "kv_heads": "tp", "mlp": "tp",
-    "layers": None, "head_dim": None, "norm": None,
-}
+# Logical axis name -> mesh axis (retrojax.parallel.rules' train profile). Axes absent from the mesh, or not
+# dividing the dim, stay replicated.
+DEFAULT_RULES = TRAIN_RULES
 
 
 class CheckpointError(ValueError):
@@ -220,22 +220,12 @@ def _expected(config: Qwen3Config, model: Qwen3) -> Iterator[tuple[str, str, int
 
 # ---- sharding ---------------------------------------------------------------------------------------
 def partition_spec(axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh,
-                   rules: Mapping[str, str | None] = DEFAULT_RULES) -> PartitionSpec:
+                   rules: Mapping[str, Any] = DEFAULT_RULES) -> PartitionSpec:
     """Map logical axis names onto mesh axes; a mesh axis is used once and only where it divides the dim."""
-    used: set[str] = set()
-    spec: list[str | None] = []
-    for name, dim in zip(axes, shape, strict=True):
-        mesh_axis = rules.get(name) if name is not None else None
-        if (mesh_axis is None or mesh_axis not in mesh.shape or mesh_axis in used
-                or dim % mesh.shape[mesh_axis]):
-            spec.append(None)
-        else:
-            spec.append(mesh_axis)
-            used.add(mesh_axis)
-    return PartitionSpec(*spec)
+    return _partition_spec(axes, shape, mesh, rules)
 
 
-def param_shardings(model: Qwen3, mesh: Mesh, rules: Mapping[str, str | None] = DEFAULT_RULES) -> nnx.State:
+def param_shardings(model: Qwen3, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> nnx.State:
     """A State of NamedShardings mirroring the model's parameters (from their logical axis names)."""
     state = nnx.state(model, nnx.Param)
 
@@ -246,7 +236,7 @@ def param_shardings(model: Qwen3, mesh: Mesh, rules: Mapping[str, str | None] = 
     return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def shard_model(model: Qwen3, mesh: Mesh, rules: Mapping[str, str | None] = DEFAULT_RULES) -> Qwen3:
+def shard_model(model: Qwen3, mesh: Mesh, rules: Mapping[str, Any] = DEFAULT_RULES) -> Qwen3:
     """Place every parameter of ``model`` (in place) with its NamedSharding on ``mesh``; returns the model."""
     for _, var in nnx.iter_graph(model):
         if isinstance(var, nnx.Param):
@@ -259,7 +249,7 @@ def shard_model(model: Qwen3, mesh: Mesh, rules: Mapping[str, str | None] = DEFA
 
 # ---- public API -------------------------------------------------------------------------------------
 def from_pretrained(path: str | Path, dtype: Any = jnp.float32, mesh: Mesh | None = None,
-                    rules: Mapping[str, str | None] = DEFAULT_RULES) -> Qwen3:
+                    rules: Mapping[str, Any] = DEFAULT_RULES) -> Qwen3:
     """Load a Hugging Face Qwen3 checkpoint directory (config.json + safetensors) as a ``Qwen3``.
 
     With ``mesh``, each parameter is placed with the NamedSharding its logical axis names map to under

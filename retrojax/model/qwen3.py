@@ -8,7 +8,6 @@ Norms, softmax and logits are computed in float32 whatever the parameter dtype.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 from collections.abc import Mapping
@@ -19,6 +18,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from retrojax.parallel.rules import constrain
 
 _NEG = -1e30  # finite "minus infinity": fully masked rows stay finite (uniform) instead of NaN
 
@@ -187,6 +188,9 @@ PRESETS: dict[str, Qwen3Config] = {
 }
 
 
+_CACHE = (None, "cache_batch", "cache_seq", "act_kv_heads", None)  # logical layout of KVCache.k / .v
+
+
 @flax.struct.dataclass
 class KVCache:
     """Per-layer keys/values, slot index == token position within the row's conversation."""
@@ -231,8 +235,7 @@ def _param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
     return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _random_init(key: jax.Array, config: Qwen3Config, dtype: Any) -> dict[str, jax.Array]:
+def random_values(key: jax.Array, config: Qwen3Config, dtype: Any) -> dict[str, jax.Array]:
     """All parameters at once: N(0, 0.02) matrices, unit norms.
 
     Every matrix size is a multiple of hidden_size, so one [rows, hidden] normal draw is sliced into all of
@@ -251,6 +254,9 @@ def _random_init(key: jax.Array, config: Qwen3Config, dtype: Any) -> dict[str, j
         out[n] = flat[start:start + r].reshape(shapes[n]).astype(dtype)
         start += r
     return out
+
+
+_random_init = jax.jit(random_values, static_argnums=(1, 2))
 
 
 class Qwen3Layers(nnx.Module):
@@ -330,21 +336,24 @@ def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     return out.reshape(b, t, n, d)
 
 
+_ACT = ("batch", "seq", "act_embed")
+
+
 def _qkv(p: Mapping[str, jax.Array], x: jax.Array, positions: jax.Array, c: Qwen3Config):
-    q = jnp.einsum("bth,hnd->btnd", x, p["q"])
-    k = jnp.einsum("bth,hkd->btkd", x, p["k"])
-    v = jnp.einsum("bth,hkd->btkd", x, p["v"])
+    q = constrain(jnp.einsum("bth,hnd->btnd", x, p["q"]), ("batch", "seq", "act_heads", None))
+    k = constrain(jnp.einsum("bth,hkd->btkd", x, p["k"]), ("batch", "seq", "act_kv_heads", None))
+    v = constrain(jnp.einsum("bth,hkd->btkd", x, p["v"]), ("batch", "seq", "act_kv_heads", None))
     q = rope(rms_norm(q, p["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
     k = rope(rms_norm(k, p["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
     return q, k, v
 
 
 def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: Qwen3Config) -> jax.Array:
-    h = h + jnp.einsum("btnd,ndh->bth", attn, p["o"])
+    h = constrain(h + jnp.einsum("btnd,ndh->bth", attn, p["o"]), _ACT)
     x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
-    gate = jnp.einsum("bth,hi->bti", x, p["gate"])
-    up = jnp.einsum("bth,hi->bti", x, p["up"])
-    return h + jnp.einsum("bti,ih->bth", jax.nn.silu(gate) * up, p["down"])
+    gate = constrain(jnp.einsum("bth,hi->bti", x, p["gate"]), ("batch", "seq", "act_mlp"))
+    up = constrain(jnp.einsum("bth,hi->bti", x, p["up"]), ("batch", "seq", "act_mlp"))
+    return constrain(h + jnp.einsum("bti,ih->bth", jax.nn.silu(gate) * up, p["down"]), _ACT)
 
 
 class Qwen3(nnx.Module):
@@ -380,7 +389,7 @@ class Qwen3(nnx.Module):
             raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
         if not jnp.issubdtype(ids.dtype, jnp.integer):
             raise ValueError(f"input_ids must be integers, got {ids.dtype}")
-        return jnp.take(self.embed[...], ids, axis=0, mode="clip")
+        return constrain(jnp.take(self.embed[...], ids, axis=0, mode="clip"), _ACT)
 
     def _scan(self, body, carry, xs):
         if self.remat:
@@ -458,6 +467,7 @@ class Qwen3(nnx.Module):
             q, k, v = _qkv(p, x, positions, c)
             ck = ck.at[layer, rows, slots].set(k.astype(ck.dtype), mode="drop")
             cv = cv.at[layer, rows, slots].set(v.astype(cv.dtype), mode="drop")
+            ck, cv = constrain(ck, _CACHE), constrain(cv, _CACHE)
             keys, values = ck[layer, :, :s], cv[layer, :, :s]
             attn = attend(q, keys.astype(q.dtype), values.astype(q.dtype), mask)
             return (_finish_block(p, h, attn, c), ck, cv), None
@@ -491,7 +501,8 @@ def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, posit
 
     @jax.checkpoint
     def one(h, tgt):
-        logits = jnp.einsum("bch,vh->bcv", h, head, preferred_element_type=jnp.float32)
+        logits = constrain(jnp.einsum("bch,vh->bcv", h, head, preferred_element_type=jnp.float32),
+                           ("batch", "seq", "act_vocab"))
         picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(logits, axis=-1)
 

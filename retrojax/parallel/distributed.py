@@ -1,0 +1,84 @@
+"""``jax.distributed`` start-up from the ``distributed:`` config, and JAX's persistent compilation cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+
+_CLUSTER_ENV = ("SLURM_JOB_ID", "TPU_WORKER_HOSTNAMES", "MEGASCALE_COORDINATOR_ADDRESS",
+                "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS")
+_STARTED = False
+
+
+def wants_initialize(dc: Any, environ: dict[str, str] | None = None) -> bool:
+    """Whether ``dc`` (a DistributedConfig) asks for ``jax.distributed.initialize``."""
+    env = os.environ if environ is None else environ
+    mode = str(dc.initialize).lower()
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"distributed.initialize must be auto | on | off, got {dc.initialize!r}")
+    if mode == "off":
+        return False
+    if mode == "on":
+        return True
+    return bool(dc.coordinator) or any(k in env for k in _CLUSTER_ENV)
+
+
+def initialize(dc: Any) -> bool:
+    """Start this process's part of a multi-process run (once); returns whether it is distributed.
+
+    Must run before anything touches a device. On CPU the cross-process collectives use
+    ``dc.cpu_collectives`` (gloo by default).
+    """
+    global _STARTED
+    if _STARTED:
+        return True
+    if not wants_initialize(dc):
+        return False
+    if dc.cpu_collectives:
+        if dc.cpu_collectives not in ("gloo", "mpi"):
+            raise ValueError(f"distributed.cpu_collectives must be gloo | mpi, got {dc.cpu_collectives!r}")
+        jax.config.update("jax_cpu_collectives_implementation", dc.cpu_collectives)
+    kwargs: dict[str, Any] = {}
+    if dc.coordinator:
+        kwargs["coordinator_address"] = dc.coordinator
+    if dc.num_processes is not None:
+        kwargs["num_processes"] = dc.num_processes
+    if dc.process_id is not None:
+        kwargs["process_id"] = dc.process_id
+    jax.distributed.initialize(**kwargs)
+    _STARTED = True
+    return True
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/retrojax/jax`` (``~/.cache/retrojax/jax`` when unset)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "retrojax" / "jax"
+
+
+def enable_compile_cache(directory: str | Path | None = None) -> Path:
+    """Turn on JAX's persistent compilation cache in ``directory`` (every program)."""
+    path = Path(directory) if directory else default_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def setup(cfg: Any) -> None:
+    """Process start-up for a run: distributed init (if asked), then the compile cache (if on)."""
+    dc = getattr(cfg, "distributed", None)
+    if dc is None:
+        return
+    initialize(dc)
+    if dc.compile_cache:
+        enable_compile_cache(dc.compile_cache_dir)
+
+
+def is_writer() -> bool:
+    """Only process 0 writes logs, TensorBoard and exported checkpoints."""
+    return jax.process_index() == 0
