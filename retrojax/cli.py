@@ -66,6 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=_handler("retrojax.generate:main"))
 
+    # --- serve -------------------------------------------------------------------------------
+    srv = sub.add_parser("serve", help="OpenAI-compatible chat server over a local checkpoint")
+    srv.add_argument("--model", required=True, help="directory with config.json + safetensors")
+    srv.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
+    srv.add_argument("--name", default=None, help="model id clients ask for (default: the directory name)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--max-batch", type=int, default=16, help="requests decoded together (sampler rows)")
+    srv.add_argument("--max-len", type=int, default=2048, help="context per request: prompt + reply tokens")
+    srv.add_argument("--decode-chunk", type=int, default=4,
+                     help="decode steps between admissions (a new request waits at most this many)")
+    srv.add_argument("--dtype", default="float32", help="float32 | bfloat16")
+    srv.add_argument("--seed", type=int, default=0)
+    srv.add_argument("--log-level", default="warning")
+    srv.set_defaults(func=_handler("retrojax.serve.app:main"))
+
     # --- eval --------------------------------------------------------------------------------
     ev = sub.add_parser("eval", help="run trials with a policy under protocols and report success")
     _add_config_args(ev, default="configs/sokoban.yaml")

@@ -228,9 +228,9 @@ class Sampler:
         self,
         rows: Sequence[int],
         max_new_tokens: int | Sequence[int],
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
+        temperature: float | Sequence[float] = 1.0,
+        top_p: float | Sequence[float] = 1.0,
+        top_k: int | Sequence[int] = 0,
         stop_token_ids: Sequence[int] | None = None,
         stop_strings: Sequence[str] | Sequence[Sequence[str]] = (),
         key: jax.Array | None = None,
@@ -240,16 +240,19 @@ class Sampler:
         ``max_new_tokens``: one limit for all rows or one per listed row. ``stop_token_ids``: ids that end a
         row (``None``: the tokenizer's ``stop_token_ids`` if it has them, else none; ``()``: none).
         ``stop_strings``: strings that end a row, for all rows (``["</action>"]``) or one list per listed row
-        (``[["</action>"], ["</remark>"]]``). Greedy when ``temperature == 0``; otherwise ``key`` (a
-        ``jax.random`` key) is required, and the same key and inputs give the same tokens. Returns one
-        :class:`Generation` per listed row, in order.
+        (``[["</action>"], ["</remark>"]]``). ``temperature``/``top_p``/``top_k``: one value for all rows or
+        one per listed row (rows with different settings still decode together). Greedy where
+        ``temperature == 0``; otherwise ``key`` (a ``jax.random`` key) is required, and the same key and
+        inputs give the same tokens. Returns one :class:`Generation` per listed row, in order.
         """
         rows = self._nonempty_rows(rows, "generate")
         limits = self._check_limits(max_new_tokens, len(rows))
-        temperature, top_p, top_k = self._check_knobs(temperature, top_p, top_k)
+        knobs = [self._check_knobs(t, p, k) for t, p, k in zip(
+            self._per_row(temperature, len(rows), "temperature"), self._per_row(top_p, len(rows), "top_p"),
+            self._per_row(top_k, len(rows), "top_k"), strict=True)]
         stop_ids = self._check_stop_ids(stop_token_ids)
         row_strings = self._check_stop_strings(stop_strings, len(rows))
-        if temperature > 0 and key is None:
+        if any(t > 0 for t, _, _ in knobs) and key is None:
             raise SamplerError("sampling with temperature > 0 needs an explicit key=jax.random.key(...)")
         if not rows:
             return []
@@ -258,6 +261,11 @@ class Sampler:
         tok = np.zeros((self.rows,), dtype=np.int32)
         pos = np.zeros((self.rows,), dtype=np.int32)
         limit = np.zeros((self.rows,), dtype=np.int32)
+        temperature = np.zeros((self.rows,), dtype=np.float32)
+        top_p = np.ones((self.rows,), dtype=np.float32)
+        top_k = np.zeros((self.rows,), dtype=np.int32)
+        for r, (t, p, k) in zip(rows, knobs, strict=True):
+            temperature[r], top_p[r], top_k[r] = t, p, k
         for r, lim in zip(rows, limits, strict=True):
             n = int(self.book.length[r])
             tok[r], pos[r] = self.book.tokens[r, n - 1], n - 1
@@ -275,7 +283,7 @@ class Sampler:
         self.cache, out_ids, out_lp, count, why, steps = _decode(
             self._graphdef, self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
             jnp.asarray(stop_id_arr), table, table_lens, jnp.asarray(applies),
-            jnp.float32(temperature), jnp.float32(top_p), jnp.int32(top_k), key,
+            jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), key,
             out_len=out_len, window=window,
         )
         out_ids, out_lp, count, why = (np.asarray(x) for x in (out_ids, out_lp, count, why))
@@ -305,6 +313,16 @@ class Sampler:
             if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
                 raise SamplerError(f"max_new_tokens must be ints >= 0, got {m!r}")
         return [int(m) for m in per_row]
+
+    @staticmethod
+    def _per_row(value, n_rows: int, name: str) -> list:
+        """One knob value for all listed rows, or one per listed row."""
+        if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+            return [value] * n_rows
+        values = list(value)
+        if len(values) != n_rows:
+            raise SamplerError(f"{name}: give one value, or one per listed row ({n_rows})")
+        return values
 
     @staticmethod
     def _check_knobs(temperature, top_p, top_k) -> tuple[float, float, int]:
