@@ -111,7 +111,7 @@ class CorridorEnv(TrialEnv):
 def make_trial(protocol: str = "T@3", tokens: bool = True, **limits) -> tuple[Trial, CorridorEnv]:
     env = CorridorEnv()
     lim = Limits(**limits)
-    env.open(1, lim.branch_budget + 1)
+    env.open(1, lim.path_capacity())
     spec = TrialSpec(trial=0, task=2, seed=0, replicate=0, protocol=protocol)  # goal at 6
     trial = Trial(spec, 0, env, lim, get_prompts("sokoban", "full") if tokens else None,
                   TOK if tokens else None)
@@ -151,7 +151,10 @@ def test_restore_semantics_memory_placement_and_replacement():
     act(t, env, move("go back", "rewind to C_1"))
     assert t.phase == REFLECT_KNOWN and t.calls_used == 4
     req = act(t, env, "<remark>m1: stepping right twice was pointless</remark>")
-    assert req.view.kind == REFLECT_KNOWN and "step-C" in TOK.decode(req.prompt_ids)  # branch in context
+    # the reflection is its own conversation c_ref: the branch history is in it, the execution chat is not
+    assert req.view.kind == REFLECT_KNOWN and "step-C" not in TOK.decode(req.prompt_ids)
+    assert req.messages == ({"role": "user", "content": req.prompt_text},)
+    assert np.array_equal(req.prompt_ids, TOK.encode_turn("user", req.prompt_text) + TOK.generation_prompt())
     assert "C_2 → C_3: right" in req.prompt_text and "position 1 of 6" in req.prompt_text
     # world, conversation, budget and score are back at C_1; calls are not refunded
     assert t.k == 1 and env.paths[0] == [0, 1] and t.branch_used == 1 and t.path[-1].score == 1
@@ -166,10 +169,10 @@ def test_restore_semantics_memory_placement_and_replacement():
     assert rec.abandoned_calls == [1, 2, 3] and rec.v_abandoned == 2.0 and rec.resumed_segment == 1
     assert t.segments[0].end_reason == "rewind" and t.segments[0].score == 3.0
 
-    req = act(t, env, move("step-D"))  # decision at C_1 again: same state, new history (memory)
+    req = act(t, env, move("step-D"))  # decision at C_1 again: same state and retained path, new memory
     first_at_1 = t.calls[1]
     assert req.view.state_key == key_at_1 == first_at_1.state_key
-    assert t.calls[5].history_key != first_at_1.history_key
+    assert t.calls[5].history_key == first_at_1.history_key  # D.5.1: memory is not part of the group key
     assert req.view.remarks == ((1, "m1: stepping right twice was pointless"),)
 
     act(t, env, move("again", "rewind to C_1"))
@@ -234,13 +237,21 @@ def test_fallback_end_and_truncation():
     act(t, env, move("oops", "left, left"))
     act(t, env, "<remark>no target named</remark>")
     assert t.done and t.record.end_reason == "no_recovery" and t.calls[-1].valid is False
-    t, env = make_trial("T@3")
-    act(t, env, "<action>ri", finish="length")  # cut off at k = 0: no target exists
-    assert t.done and t.record.end_reason == "no_recovery" and t.segments[0].end_reason == "truncated"
-    t, env = make_trial("T@3")
+    for protocol in ("P@1", "T@3"):  # a cut-off reply is an invalid turn, even at k = 0: never a failure
+        t, env = make_trial(protocol)
+        act(t, env, "<action>ri", finish="length")
+        assert t.phase == EXECUTE and not t.done and t.k == 0 and t.calls_used == 1
+        assert t.record.invalid_turns == 1 and t.record.macro_attempts == 1 and not t.recoveries
+        req = t.request()
+        assert "cut off" in req.prompt_text and "cut off" in req.view.last_invalid
+        act(t, env, move("a"))
+        act(t, env, move("b", "right, rig"), finish="length")
+        assert t.phase == EXECUTE and t.k == 1 and env.paths[0] == [0, 1] and t.record.macro_attempts == 1
+    t, env = make_trial("T@3")  # a context that no longer fits ends the trial with its own reason
     act(t, env, move("a"))
-    act(t, env, "<action>ri", finish="length")
-    assert t.phase == REFLECT_CHOOSE and t.recovery["trigger"] == "truncated"
+    act(t, env, "", finish="context")
+    assert t.done and t.record.end_reason == "context" and t.calls_used == 1 and len(t.calls) == 1
+    assert t.segments[-1].end_reason == "context"
 
 
 def test_protocols():
@@ -266,8 +277,12 @@ def test_protocols():
 
 
 def test_branch_budget_call_ceiling_and_success():
-    t, env = make_trial("P@1", branch_budget=3)
-    for _ in range(3):
+    t, env = make_trial("P@1", branch_budget=3)  # P@1 has no recovery, so no branch budget (C.4)
+    for _ in range(5):
+        act(t, env, move("wait", "up"))
+    assert not t.done and t.k == 5 and t.request().view.branch_left == 60 - 5
+    t, env = make_trial("P@1", branch_budget=3, p1_max_turns=4)  # the optional P@1 turn cap
+    for _ in range(4):
         act(t, env, move("wait", "up"))
     assert t.done and t.record.end_reason == "branch_budget"
     t, env = make_trial("T@3", branch_budget=3)
@@ -332,7 +347,8 @@ def test_budget_invariants_on_random_scripts(outputs, protocol, max_calls, budge
             t.on_rewound()
             assert t.branch_used == branch_at[op.target] == t.path[op.target].branch_used
             assert t.path[-1].score == float(env.paths[0][-1]) and len(env.paths[0]) == t.k + 1
-        assert t.k <= budget and t.branch_used <= budget
+        limit = max_calls if protocol == "P@1" else budget  # P@1: the branch budget does not apply
+        assert t.k <= limit and t.branch_used <= limit and t.branch_limit == limit
         assert t.record.rewinds_model <= 3
         assert [c.call_index for c in t.calls] == list(range(t.calls_used))
     r = t.record
@@ -369,3 +385,39 @@ def test_oracle_names_and_avoids_its_mistakes():
     assert checked >= 5
     assert {"failure", "model"} <= {r.trigger for r in archive.recoveries}
     assert metrics["results"]["T@3"]["success"] >= metrics["results"]["T@1"]["success"]
+
+
+def transcript_turns(ids: np.ndarray) -> list[dict[str, str]]:
+    """The chat turns of a byte-level transcript: ``<start>role\\ncontent<end>\\n`` each."""
+    turns, i, ids = [], 0, list(ids)
+    while i < len(ids):
+        assert ids[i] == TOK.IM_START
+        end = ids.index(TOK.IM_END, i)
+        role, _, content = TOK.decode(ids[i + 1 : end]).partition("\n")
+        turns.append({"role": role, "content": content})
+        i = end + 1 + len(TOK.encode("\n"))
+    return turns
+
+
+def test_request_messages_mirror_the_transcript_and_the_rewound_prefix():
+    t, env = make_trial("T@3")
+    seen = []
+    for text in (move("s1"), move("s2"), move("s3"), move("back", "rewind to C_1"), "<remark>mem</remark>",
+                 move("s4"), "no tag at all"):
+        req = t.request()
+        if req.role == "execution":
+            # the context ends with the new user turn; its tokens are exactly the transcript's turns
+            assert req.messages[-1] == {"role": "user", "content": req.prompt_text}
+            ctx = req.prompt_ids[: len(req.prompt_ids) - len(TOK.generation_prompt())]
+            assert transcript_turns(ctx) == list(req.messages)
+            assert req.messages[0]["role"] == "system"
+            seen.append(req.messages)
+        else:
+            assert req.messages == ({"role": "user", "content": req.prompt_text},)
+        act(t, env, text)
+    # after rewind to C_1: the C_1 prefix (system, user, assistant s1) + the memory turn + the new user turn
+    after = seen[4]
+    assert after[:3] == seen[1][:3] and after[2]["content"] == move("s1")
+    assert after[3]["role"] == "user" and "mem" in after[3]["content"] and "C_1" in after[3]["content"]
+    assert after[4]["role"] == "user" and len(after) == 5
+    assert transcript_turns(t.transcript.ids()) == t.messages

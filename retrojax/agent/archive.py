@@ -34,8 +34,8 @@ SEGMENT_END_REASONS = (
     "success",  # the task was solved on this segment
     "failure",  # irreversible failure (Sokoban dead state, MineSweeper mine, text world done-without-win)
     "rewind",  # the model asked to rewind (model-initiated recovery)
-    "branch_budget",  # branch (task-solve) budget exhausted
-    "truncated",  # an output was cut off at its token limit
+    "branch_budget",  # branch (task-solve) budget exhausted (or P@1's optional turn cap)
+    "context",  # the conversation no longer fits the model's context
     "calls",  # the global call ceiling was reached
     "no_recovery",  # a recovery was due but not allowed (protocol, budgets, no valid target)
 )
@@ -60,12 +60,12 @@ class CallRecord:
     position: int  # t within the segment (execution); -1 for reflections
     checkpoint: int  # k: index of the current checkpoint C_k when the call was made
     state_key: str  # hash of the environment state at the decision
-    history_key: str  # hash of the retained history (retained path + memory in context) at the decision
+    history_key: str  # hash of the logical retained history h (the retained path's actions, no memory)
     prompt_ids: np.ndarray  # int32 [P]
     output_ids: np.ndarray  # int32 [O]
     logprobs: np.ndarray  # float32 [O]
     output_text: str = ""
-    finish_reason: str = "stop"  # stop | length
+    finish_reason: str = "stop"  # stop | length (a cut-off reply: an invalid turn)
     action: str = ""  # the parsed action as text ("up, left", "(2, 3)", "rewind to C_1", a command)
     valid: bool = True
     invalid_reason: str = ""

@@ -42,6 +42,11 @@ most once per call):
   text worlds: the maximum score along the branch including its start.
 - ``expert_actions(slots)`` / ``random_actions(slots, rng, avoid)``: action *texts* for scripted policies
   (the solver's or planner's best next action; a well-formed random action not in ``avoid``).
+- ``recovery_context`` says how branch memory enters the resumed context (D.3): ``memory_turn`` (the
+  games: the ``C_j`` prefix plus a memory user turn), ``observation`` (ScienceWorld: the prefix, memory in
+  the next observation), ``rebuild`` (ALFWorld: system message + restored observation + memories, and the
+  branch allowance starts again). ``value_from_initial`` makes the loop pass ``C_0``'s progress figure
+  first to ``branch_value`` (Sokoban: V = d_0 − d_end with d_0 of the initial state).
 - ``task_scale(task)`` (optional) gives a task's progress scale for ``TrialRecord.d0`` (Sokoban: the
   shortest solution length); without it ``d0`` is the progress figure at ``C_0`` when finite.
 - ``action_style`` says how outputs mark their action (``tag`` or ``fence``, see ``parse.extract_action``).
@@ -138,6 +143,8 @@ class TrialEnv(abc.ABC):
     name: str = "env"
     prompt_key: str = "env"  # template family in retrojax.agent.prompts
     action_style: str = "tag"  # "tag": <action>…</action>; "fence": a fenced ```action block (parse.py)
+    recovery_context: str = "memory_turn"  # D.3: memory_turn | observation | rebuild (see agent/trial.py)
+    value_from_initial: bool = False  # branch_value's progress starts with C_0's figure (Sokoban, C.2)
 
     @property
     @abc.abstractmethod

@@ -213,6 +213,7 @@ class SokobanEnv(FunctionalEnv):
 
     name = "sokoban"
     prompt_key = "sokoban"
+    value_from_initial = True  # C.2: V = d_0 − d_end with d_0 the initial state's distance, not the anchor's
     code_width = 3
 
     def __init__(self, split: str, cache_dir: str | None = None, num_tasks: int | None = None):

@@ -7,7 +7,9 @@ parser and budgets as a model's.
 - :class:`ModelPolicy`: one sampler row per trial slot. Each tick it brings every requested row in line
   with the request's exact context ids (a rewound conversation becomes ``sampler.rewind`` to the common
   prefix, then one batched ``append`` of the new turns) and makes one batched ``generate`` per kind of
-  call (execution / reflection). Output ids and log-probs are the sampler's.
+  call (execution / reflection). Output ids and log-probs are the sampler's. A reflection's context c_ref
+  is its own conversation, so the row is re-synced to the execution context on the next execution call. A
+  context that leaves no room in the row answers ``finish_reason="context"`` (the trial then ends).
 - :class:`RandomPolicy`: well-formed random actions and occasional rewinds.
 - :class:`OraclePolicy`: the world's expert action (solver / deduction) with probability ``1 − ε`` and a
   random action otherwise. It notices when its own random action did not advance the branch (the world's
@@ -265,8 +267,8 @@ class ModelPolicy(Policy):
         self._sync(fits)
         results: dict[int, Generation] = {}
         for r in requests:
-            if r.prompt_ids.size + 1 >= self.max_len:  # no room left in the cache row: a cut-off reply
-                results[r.trial] = Generation("", np.zeros(0, np.int32), np.zeros(0, np.float32), "length")
+            if r.prompt_ids.size + 1 >= self.max_len:  # no room left in the cache row: the trial ends
+                results[r.trial] = Generation("", np.zeros(0, np.int32), np.zeros(0, np.float32), "context")
         stop_ids = list(self.tokenizer.stop_ids)
         key = jax.random.fold_in(jax.random.key(self.seed), self.ticks)
         self.ticks += 1

@@ -54,7 +54,7 @@ class Runner:
         for s in specs:
             parse_protocol(s.protocol)
         n = len(specs)
-        shape = (n, self.limits.branch_budget + 1)
+        shape = (n, self.limits.path_capacity())
         if self._opened != shape:
             self.env.open(*shape)
             self._opened = shape

@@ -53,6 +53,8 @@ class TextWorldEnv(TrialEnv):
         self.name = world
         self.prompt_key = world
         self.action_style = "fence" if world == "alfworld" else "tag"
+        # D.3: ALFWorld rebuilds the resumed conversation; ScienceWorld puts memory in the next observation
+        self.recovery_context = "rebuild" if world == "alfworld" else "observation"
         self.split = split
         self.tasks = list(tasks)
         self.num_workers, self.timeout_s = num_workers, timeout_s

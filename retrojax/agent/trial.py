@@ -7,24 +7,35 @@ move, or a rewind to ``C_j``); the runner batches those operations over all tria
 the device, so the same machine drives JAX worlds and host text worlds.
 
 Bookkeeping per checkpoint ``C_i`` of the active path: the world's state key and progress figure, the
-path score S, the branch-budget consumption, the conversation position (mark) just after the turn that
-created it, and its observation text. The rules (see issue 6 / the paper's Algorithm 1):
+path score S, the branch-budget consumption, the conversation position (token and message marks) just after
+the turn that created it, and its observation text. The rules (the paper's Algorithm 1, C.4, D.2, D.3):
 
 - every call (execution or reflection) counts against ``max_calls`` and is never refunded;
-- every execution turn counts against ``branch_budget``; a restore to ``C_j`` resets the count to its
-  value when ``C_j`` was created (so turns after ``C_j``, including invalid ones, are given back);
-- an invalid output consumes the call, changes nothing, and the next user turn says why;
+- every execution turn counts against the branch budget, which is a recovery trigger and so applies only
+  where the protocol has recovery (T@k); under P@1 a trial may use all ``max_calls`` (or the optional
+  ``p1_max_turns`` cap). A restore to ``C_j`` resets the count to its value when ``C_j`` was created (worlds
+  whose context is rebuilt after a recovery, ALFWorld, reset it to 0);
+- an invalid output (no parseable action, a reply cut off at its token limit, a refused rewind) consumes
+  the call, changes nothing, and the next user turn says why; it is not a failure;
+- a context that no longer fits the model (``finish_reason == "context"``) ends the trial (``context``);
 - a model-initiated rewind (``rewind to C_j``) is granted when the protocol allows it, ``0 ≤ j < k``,
-  fewer than ``max_model_rewinds`` were made, and at least ``min_calls_for_recovery`` calls remain after
-  the request; otherwise it is an invalid turn with the reason;
-- a forced recovery follows a failure, an exhausted branch budget or a truncated output when the protocol
-  allows it (``T@k``), the macro-attempt count is below ``k``, enough calls remain and ``k ≥ 1``;
-  otherwise the trial ends;
-- a recovery makes one reflection call while the abandoned branch is still in context; the remark (or the
-  whole reflection when it has none, tail-clipped to ``remark_max_chars``) is placed at ``C_j`` as a user
-  message after the conversation is rewound to ``C_j``'s mark. A newer remark at the same ``C_j``
-  replaces the older one (shown to later reflections as superseded); remarks at later checkpoints leave
-  the context with the branch.
+  fewer than ``max_model_rewinds`` were made, the forward-segment cap allows another segment, and at least
+  ``min_calls_for_recovery`` calls remain after the request; otherwise it is an invalid turn with the reason;
+- a forced recovery follows a failure or an exhausted branch budget when the protocol allows it
+  (``T@k``), the macro-attempt count is below ``k``, the segment cap allows it, enough calls remain and
+  ``k ≥ 1``; otherwise the trial ends;
+- a recovery makes one reflection call with its own context c_ref (the world's rules, rollback semantics,
+  the trigger, the states at ``C_j`` and ``C_k``, the branch history ``C_j → C_k`` and the branch memories),
+  never appended to the execution conversation. Its remark (or the whole reflection when it has none,
+  tail-clipped to ``remark_max_chars``) becomes branch memory at ``C_j``; how it enters the resumed
+  context depends on the world (D.3, ``TrialEnv.recovery_context``): ``memory_turn`` (games) restores the
+  ``C_j`` prefix and appends the memory as a user turn (replacing an earlier memory at the same ``C_j``),
+  ``observation`` (ScienceWorld) restores the prefix and puts the memory in the next observation turn,
+  ``rebuild`` (ALFWorld) starts over from the system message and one turn with the restored observation
+  and every branch memory in context. A newer remark at the same ``C_j`` replaces the older one (shown to
+  later reflections as superseded); remarks at later checkpoints leave the context with the branch.
+
+``Request.messages`` mirrors the token transcript as chat messages (what a served model is sent).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from retrojax.agent.env_api import Action, StepInfo, TrialEnv, text_key
 from retrojax.agent.prompts import PromptSet
 
 EXECUTE = "execute"
+RECOVERY_CONTEXTS = ("memory_turn", "observation", "rebuild")  # D.3: how memory enters the resumed context
 REFLECT_KNOWN = "reflect_known"
 REFLECT_CHOOSE = "reflect_choose"
 _EMPTY_IDS = np.zeros(0, np.int32)
@@ -120,6 +132,7 @@ class Checkpoint:
     failed: bool = False
     observation: str = ""
     action: str = ""  # the action that created it ("" for C_0)
+    msg_mark: int = 0  # number of chat messages just after the turn that created it
 
 
 @dataclasses.dataclass
@@ -139,7 +152,7 @@ class TrialView:
     checkpoint: int  # k
     targets: tuple[int, ...]  # rewinds the loop would grant now (execution) / may choose (reflection)
     target: int  # reflection: the requested target (known) or the fallback (choose); -1 otherwise
-    trigger: str  # reflection: model | failure | branch_budget | truncated
+    trigger: str  # reflection: model | failure | branch_budget
     progress: tuple[float, ...]  # progress figure at C_0 … C_k
     keys: tuple[str, ...]  # state keys of C_0 … C_k
     path: tuple[str, ...]  # actions that created C_1 … C_k
@@ -152,7 +165,12 @@ class TrialView:
 
 @dataclasses.dataclass
 class Request:
-    """One pending model call. ``prompt_ids`` is the whole context (empty when tokens are not kept)."""
+    """One pending model call. ``prompt_ids`` is the whole context (empty when tokens are not kept).
+
+    ``messages`` is the same context as chat messages (``{"role": "system"|"user"|"assistant",
+    "content": str}``, in order, ending with the new user turn; empty when prompts are not rendered): the
+    execution conversation for an execution call, the separate c_ref conversation for a reflection.
+    """
 
     trial: int
     slot: int
@@ -162,6 +180,7 @@ class Request:
     prompt_text: str  # the new user turn ("" when prompts are not rendered)
     max_new_tokens: int
     view: TrialView
+    messages: tuple[dict[str, str], ...] = ()
 
 
 @dataclasses.dataclass
@@ -171,7 +190,7 @@ class Generation:
     text: str
     output_ids: np.ndarray | None = None
     logprobs: np.ndarray | None = None
-    finish_reason: str = "stop"  # stop | length
+    finish_reason: str = "stop"  # stop | length (cut off: an invalid turn) | context (no room: trial ends)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +213,8 @@ class Limits:
     history_events: int = 4
     max_new_tokens: int = 256
     max_reflection_tokens: int = 384
+    p1_max_turns: int = 0  # P@1 only: cap on execution turns (0: none, the call ceiling alone)
+    max_segments: int = 0  # forward-segment cap, counting both recovery types (0: none)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
@@ -202,11 +223,19 @@ class Limits:
             raise ValueError(f"trial.fallback must be 'latest' or 'end', got {t.fallback!r}")
         if t.max_calls < 1 or t.branch_budget < 1:
             raise ValueError("trial.max_calls and trial.branch_budget must be at least 1")
+        p1_cap, seg_cap = int(getattr(t, "p1_max_turns", 0) or 0), int(getattr(t, "max_segments", 0) or 0)
+        if p1_cap < 0 or seg_cap < 0:
+            raise ValueError("trial.p1_max_turns and trial.max_segments must be 0 (off) or positive")
         return cls(max_calls=t.max_calls, branch_budget=t.branch_budget,
                    max_model_rewinds=t.max_model_rewinds,
                    min_calls_for_recovery=t.min_calls_for_recovery, fallback=t.fallback,
                    remark_max_chars=t.remark_max_chars, history_events=t.history_events,
-                   max_new_tokens=s.max_new_tokens, max_reflection_tokens=s.max_reflection_tokens)
+                   max_new_tokens=s.max_new_tokens, max_reflection_tokens=s.max_reflection_tokens,
+                   p1_max_turns=p1_cap, max_segments=seg_cap)
+
+    def path_capacity(self) -> int:
+        """Checkpoints a trail must hold (``C_0`` plus one per execution turn that can stay on the path)."""
+        return self.max_calls + 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -225,6 +254,17 @@ class Trial:
         self.render = prompts is not None
         self.fields = env.prompt_fields(spec.task) if self.render else {}
         self.transcript = Transcript() if tokenizer is not None else None
+        self.messages: list[dict[str, str]] = []  # the execution conversation as chat messages
+        self.context_style = getattr(env, "recovery_context", "memory_turn")
+        if self.context_style not in RECOVERY_CONTEXTS:
+            raise ValueError(f"{type(env).__name__}.recovery_context must be one of {RECOVERY_CONTEXTS}, "
+                             f"got {self.context_style!r}")
+        self.value_from_initial = bool(getattr(env, "value_from_initial", False))
+        if self.protocol.model_rewinds or self.protocol.forced_recovery:
+            self.branch_limit = limits.branch_budget
+        else:  # P@1: no recovery, so the branch budget (a recovery trigger) does not apply
+            self.branch_limit = limits.p1_max_turns or limits.max_calls
+        self.memory_note = ""  # branch memory the next user turn carries (observation / rebuild styles)
 
         self.phase = "new"
         self.path: list[Checkpoint] = []
@@ -265,15 +305,20 @@ class Trial:
         return sorted((r for r in self.remarks if r.status == "in context"), key=lambda r: r.checkpoint)
 
     def history_key(self) -> str:
-        path = [c.action for c in self.path[1:]]
-        mem = [f"C_{r.checkpoint}:{r.text}" for r in self.context_remarks()]
-        return text_key(*path, "|memory|", *mem)
+        """The logical retained history h: the actions of the retained path only (D.5.1: decisions at the
+        same state and prefix share a group even when their branch memories differ)."""
+        return text_key(*(c.action for c in self.path[1:]))
+
+    def segment_allowed(self) -> bool:
+        """Whether the forward-segment cap leaves room for one more segment (a recovery)."""
+        cap = self.limits.max_segments
+        return cap <= 0 or self.segment.index + 1 < cap
 
     def rewind_targets(self) -> tuple[int, ...]:
         """Rewinds the loop would grant for the next execution call."""
         lim = self.limits
         ok = (self.protocol.model_rewinds and self.record.rewinds_model < lim.max_model_rewinds
-              and self.calls_left - 1 >= lim.min_calls_for_recovery)
+              and self.calls_left - 1 >= lim.min_calls_for_recovery and self.segment_allowed())
         return tuple(range(self.k)) if ok else ()
 
     # -- start ---------------------------------------------------------------------------------------
@@ -285,11 +330,10 @@ class Trial:
         d0 = scale(self.spec.task) if scale is not None else info.progress
         self.record.d0 = float(d0) if d0 is not None and math.isfinite(d0) else None
         score = info.score if info.score is not None else 0.0
-        if self.transcript is not None:
-            self.transcript.append(self.tok.encode_turn("system", self._system_text()))
-        self.path.append(Checkpoint(0, info.state_key, info.progress, score, 0,
-                                    len(self.transcript) if self.transcript is not None else 0,
-                                    info.solved, info.failed, observation))
+        if self.render:
+            self._add_turn("system", self._system_text())
+        self.path.append(Checkpoint(0, info.state_key, info.progress, score, 0, self._mark(),
+                                    info.solved, info.failed, observation, msg_mark=len(self.messages)))
         self.states_seen.add(info.state_key)
         self.phase = EXECUTE
         if info.solved:
@@ -307,27 +351,48 @@ class Trial:
             text = self._user_text() if self.render else ""
             role, max_new = EXECUTION, self.limits.max_new_tokens
             targets, target, trigger = self.rewind_targets(), -1, ""
+            if self.render:
+                self._add_turn("user", text)
+                self.memory_note = ""
+            messages = tuple(dict(m) for m in self.messages)
+            prompt_ids = self._prompt_ids()
         else:
             rec = self.recovery
             text = self._reflection_text(kind) if self.render else ""
             role, max_new = REFLECTION, self.limits.max_reflection_tokens
             targets = tuple(range(self.k)) if kind == REFLECT_CHOOSE else (rec["target"],)
             target, trigger = rec["target"], rec["trigger"]
-        if self.transcript is not None:
-            self.transcript.append(self.tok.encode_turn("user", text))
-            self.transcript.append(self.tok.generation_prompt())
+            # c_ref: the reflection's own conversation, never part of the execution context
+            messages = ({"role": "user", "content": text},) if self.render else ()
+            prompt_ids = (np.asarray([*self.tok.encode_turn("user", text), *self.tok.generation_prompt()],
+                                     np.int32) if self.tok is not None else _EMPTY_IDS)
         view = TrialView(
             spec=self.spec, slot=self.slot, kind=kind, checkpoint=self.k, targets=targets, target=target,
             trigger=trigger, progress=tuple(c.progress for c in self.path),
             keys=tuple(c.state_key for c in self.path),
             path=tuple(c.action for c in self.path[1:]), state_key=self.path[-1].state_key,
             remarks=tuple((r.checkpoint, r.text) for r in self.context_remarks()), calls_left=self.calls_left,
-            branch_left=self.limits.branch_budget - self.branch_used, last_invalid=self.note,
+            branch_left=self.branch_limit - self.branch_used, last_invalid=self.note,
         )
-        prompt_ids = self.transcript.ids() if self.transcript is not None else _EMPTY_IDS
         self.pending = Request(trial=self.spec.trial, slot=self.slot, role=role, kind=kind,
-                               prompt_ids=prompt_ids, prompt_text=text, max_new_tokens=max_new, view=view)
+                               prompt_ids=prompt_ids, prompt_text=text, max_new_tokens=max_new, view=view,
+                               messages=messages)
         return self.pending
+
+    def _add_turn(self, role: str, text: str) -> None:
+        """One system / user turn into the execution conversation (messages and, when kept, tokens)."""
+        self.messages.append({"role": role, "content": text})
+        if self.transcript is not None:
+            self.transcript.append(self.tok.encode_turn(role, text))
+
+    def _prompt_ids(self) -> np.ndarray:
+        """The execution context's ids with the assistant turn opened (empty when tokens are not kept)."""
+        if self.transcript is None:
+            return _EMPTY_IDS
+        return np.concatenate([self.transcript.ids(), np.asarray(self.tok.generation_prompt(), np.int32)])
+
+    def _mark(self) -> int:
+        return len(self.transcript) if self.transcript is not None else 0
 
     # -- outputs -------------------------------------------------------------------------------------
     def on_output(self, gen: Generation) -> EnvOp | None:
@@ -336,6 +401,10 @@ class Trial:
         if req is None:
             raise RuntimeError(f"trial {self.spec.trial}: output without a pending call")
         self.pending = None
+        if gen.finish_reason == "context":  # the context no longer fits the model: nothing was generated
+            self._close_segment("context")
+            self._end("context")
+            return None
         out_ids, logprobs = self._output_tokens(gen)
         call = CallRecord(
             trial=self.spec.trial, task=self.spec.task, call_index=self.calls_used, role=req.role,
@@ -346,10 +415,13 @@ class Trial:
         )
         self.calls.append(call)
         self.calls_used += 1
-        if self.transcript is not None:
-            self.transcript.append(out_ids)
-            self.transcript.append(self.tok.close_turn(out_ids))
         if req.role == EXECUTION:
+            if self.render:
+                self.messages.append({"role": "assistant", "content": gen.text})
+            if self.transcript is not None:
+                self.transcript.append(self.tok.generation_prompt())
+                self.transcript.append(out_ids)
+                self.transcript.append(self.tok.close_turn(out_ids))
             return self._on_execution(call, gen)
         return self._on_reflection(call, gen, req.kind)
 
@@ -360,9 +432,7 @@ class Trial:
         self.path_calls.append((self.k, call.call_index))
         self.note = ""
         if gen.finish_reason == "length":
-            call.valid, call.invalid_reason = False, "the reply was cut off at its token limit"
-            self._event(f"at C_{self.k}: reply cut off at the token limit")
-            self._trigger("truncated")
+            self._invalid(call, "the reply was cut off at its token limit before it finished", "")
             return None
         action = parse.parse_output(gen.text, self.env.parse_action, self.action_style)
         call.action = action.text
@@ -392,6 +462,8 @@ class Trial:
             return f"you already used all {lim.max_model_rewinds} rewinds"
         if self.calls_left < lim.min_calls_for_recovery:
             return "too few replies are left for a rewind"
+        if not self.segment_allowed():
+            return f"no more rewinds: the limit of {lim.max_segments} path segments is reached"
         if not 0 <= j < self.k:
             return (f"C_{j} is not a valid target; choose one of C_0 … C_{self.k - 1}" if self.k
                     else "there is no earlier checkpoint to rewind to yet")
@@ -418,9 +490,8 @@ class Trial:
         prev = self.path[-1]
         score = info.score if info.score is not None else prev.score + info.reward
         self.path.append(Checkpoint(
-            self.k + 1, info.state_key, info.progress, score, self.branch_used,
-            len(self.transcript) if self.transcript is not None else 0, info.solved, info.failed,
-            observation, call.action,
+            self.k + 1, info.state_key, info.progress, score, self.branch_used, self._mark(), info.solved,
+            info.failed, observation, call.action, msg_mark=len(self.messages),
         ))
         self.states_seen.add(info.state_key)
         self.moves += info.moves
@@ -440,7 +511,7 @@ class Trial:
         elif self.calls_left <= 0:
             self._close_segment("calls")
             self._end("calls")
-        elif self.branch_used >= self.limits.branch_budget:
+        elif self.branch_used >= self.branch_limit:
             self._trigger("branch_budget")
 
     def _trigger(self, trigger: str) -> None:
@@ -453,7 +524,7 @@ class Trial:
             self._end(trigger)
         elif self.calls_left < lim.min_calls_for_recovery:
             self._end("calls" if self.calls_left <= 0 else "no_recovery")
-        elif self.k < 1:
+        elif self.k < 1 or not self.segment_allowed():
             self._end("no_recovery")
         else:
             self.recovery = {"trigger": trigger, "target": self.k - 1, "from": self.k}
@@ -492,8 +563,7 @@ class Trial:
         j, k = rec["target"], self.k
         branch = self.path[j:]
         abandoned = [c for (kd, c) in self.path_calls if kd >= j]
-        v_abandoned = float(self.env.branch_value([c.progress for c in branch], branch[-1].solved,
-                                                  branch[-1].failed))
+        v_abandoned = self._branch_value(branch)
         recovery = RecoveryRecord(
             trial=self.spec.trial, task=self.spec.task, index=self.segment.index, trigger=rec["trigger"],
             from_checkpoint=k, target=j, reflection_call=rec["call"], remark=rec["remark"],
@@ -507,17 +577,14 @@ class Trial:
         self.path_calls = [(kd, c) for (kd, c) in self.path_calls if kd < j]
         self.events = [(kd, e) for (kd, e) in self.events if kd < j]
         ck = self.path[j]
-        self.branch_used = ck.branch_used
+        self.branch_used = 0 if self.context_style == "rebuild" else ck.branch_used
         for r in self.remarks:
             if r.status == "in context" and r.checkpoint >= j:
                 r.status = "superseded" if r.checkpoint == j else "left with its branch"
-        if self.transcript is not None:
-            self.transcript.truncate(ck.mark)
         if rec["remark"]:
             self.remarks.append(Remark(j, rec["remark"]))
-            if self.transcript is not None:
-                memory = self.prompts.memory.format(checkpoint=j, remark=rec["remark"])
-                self.transcript.append(self.tok.encode_turn("user", memory))
+        if self.render:
+            self._restore_context(ck, rec["remark"])
         if rec["trigger"] == "model":
             self.record.rewinds_model += 1
         else:
@@ -529,6 +596,34 @@ class Trial:
         self.phase = EXECUTE
 
     # -- segments and the end ------------------------------------------------------------------------
+    def _restore_context(self, ck: Checkpoint, remark: str) -> None:
+        """The resumed execution context after a restore to ``ck`` (D.3; see the module docstring)."""
+        j = ck.index
+        if self.context_style == "rebuild":  # system message + one turn with the restored state and memories
+            del self.messages[1:]
+            if self.transcript is not None:
+                self.transcript.truncate(self.path[0].mark)
+            self.memory_note = "\n\n".join(self.prompts.memory.format(checkpoint=r.checkpoint, remark=r.text)
+                                           for r in self.context_remarks())
+            return
+        del self.messages[ck.msg_mark :]
+        if self.transcript is not None:
+            self.transcript.truncate(ck.mark)
+        if not remark:
+            return
+        memory = self.prompts.memory.format(checkpoint=j, remark=remark)
+        if self.context_style == "observation":
+            self.memory_note = memory
+        else:
+            self._add_turn("user", memory)
+
+    def _branch_value(self, branch: list[Checkpoint]) -> float:
+        """V of a branch anchored at ``branch[0]``; Sokoban measures from the initial state (C.2)."""
+        progress = [c.progress for c in branch]
+        if self.value_from_initial:
+            progress = [self.path[0].progress, *progress]
+        return float(self.env.branch_value(progress, branch[-1].solved, branch[-1].failed))
+
     def _close_segment(self, reason: str) -> None:
         seg = self.segment
         if seg.end_reason:
@@ -538,9 +633,7 @@ class Trial:
         self.segments.append(seg)
         open_rec = self.open_recovery
         if open_rec is not None and open_rec.resumed_segment == seg.index:
-            branch = self.path[open_rec.target :]
-            open_rec.v_resumed = float(self.env.branch_value([c.progress for c in branch], last.solved,
-                                                             last.failed))
+            open_rec.v_resumed = self._branch_value(self.path[open_rec.target :])
             self.open_recovery = None
 
     def _end(self, reason: str) -> None:
@@ -582,16 +675,19 @@ class Trial:
     def _system_text(self) -> str:
         p = self.prompts
         rules = p.rewind_allowed if self.protocol.model_rewinds else p.rewind_forbidden
-        return p.system.format(max_calls=self.limits.max_calls, branch_budget=self.limits.branch_budget,
+        return p.system.format(max_calls=self.limits.max_calls, branch_budget=self.branch_limit,
                                rewind_rules=rules, **self.fields)
 
     def _user_text(self) -> str:
         n = self.limits.history_events
         events = [e for _, e in self.events[-n:]] if n > 0 else []
         note = f"Note: your previous reply was not executed: {self.note}.\n" if self.note else ""
+        observation = self.path[-1].observation
+        if self.memory_note:  # ScienceWorld / ALFWorld: branch memory travels with the observation
+            observation = f"{self.memory_note}\n\n{observation}"
         return self.prompts.user.format(
-            observation=self.path[-1].observation, calls_used=self.calls_used, calls_left=self.calls_left,
-            branch_used=self.branch_used, branch_left=self.limits.branch_budget - self.branch_used,
+            observation=observation, calls_used=self.calls_used, calls_left=self.calls_left,
+            branch_used=self.branch_used, branch_left=self.branch_limit - self.branch_used,
             checkpoint=self.k, targets=self._targets_text(self.rewind_targets()),
             events="\n".join(events) if events else "(none yet)", note=note,
         )

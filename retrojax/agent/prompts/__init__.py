@@ -15,7 +15,12 @@ through :func:`get_prompts`. Every family must provide the same fields (pinned b
   recovery: the reflection picks the target). Fields: ``rules``, ``trigger``, ``target``, ``checkpoint``,
   ``state_target``, ``state_current``, ``history``, ``earlier``; ``reflect_choose`` also ``targets``.
 - ``rewind_allowed`` / ``rewind_forbidden``: the protocol paragraph for ``system``'s ``rewind_rules``.
-- ``triggers``: why a recovery started, keyed by ``model``, ``failure``, ``branch_budget``, ``truncated``.
+- ``triggers``: why a recovery started, keyed by ``model``, ``failure``, ``branch_budget`` (a cut-off reply
+  is an invalid turn, not a trigger).
+
+A reflection is its own call: its template is the whole user turn of a separate conversation c_ref (Eq. 4,
+Appendix E), so it carries the rules, how going back works, the trigger, both states, the branch history and
+the branch memories itself.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ MEMORY_FIELDS = ("checkpoint", "remark")
 REFLECT_FIELDS = ("rules", "trigger", "target", "checkpoint", "state_target", "state_current", "history",
                   "earlier")
 REFLECT_CHOOSE_FIELDS = (*REFLECT_FIELDS, "targets")
-TRIGGERS = ("model", "failure", "branch_budget", "truncated")
+TRIGGERS = ("model", "failure", "branch_budget")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,14 +79,12 @@ COMPACT_BUDGET = (
     "rewinds.\n{rewind_rules}\n"
 )
 
-TRUNCATED_TRIGGER = "Your last reply was cut off at the length limit before it finished."
 MODEL_TRIGGER = "You asked to go back to checkpoint C_{target}."
 
 
 def triggers(*, failure: str, branch_budget: str) -> dict[str, str]:
-    """The four recovery reasons, with the world's wording for a failure and an exhausted branch."""
-    return {"model": MODEL_TRIGGER, "failure": failure, "branch_budget": branch_budget,
-            "truncated": TRUNCATED_TRIGGER}
+    """The three recovery reasons, with the world's wording for a failure and an exhausted branch."""
+    return {"model": MODEL_TRIGGER, "failure": failure, "branch_budget": branch_budget}
 
 
 def budgets_full(counted: str) -> str:
@@ -162,7 +165,8 @@ def compact_set(*, system: str, rules: str, rewind_forbidden: str, triggers: dic
     else:
         rewind, choose_tail = "<action>rewind to C_j</action> restores", \
             "then <action>rewind to C_j</action>, j in {targets}."
-    review = "{rules}\nWhy: {trigger}\n"
+    review = ("{rules}\nGoing back restores that checkpoint exactly; only your remark is kept.\n"
+              "Why: {trigger}\n")
     branch = "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
     return PromptSet(
         system=system, user=USER_COMPACT, memory=MEMORY,
