@@ -79,6 +79,8 @@ class TrialConfig:
     prompt_style: str = "full"  # full | compact
     trials_per_task: int = 8  # B: trials of one task form a group
     history_events: int = 4  # branch events shown in each user turn
+    p1_max_turns: int = 0  # P@1 only: cap on execution turns (0: off, the 60-call ceiling alone; ours)
+    max_segments: int = 0  # forward-segment cap counting both recovery types (C.4; 0: off)
 
 
 @dataclasses.dataclass(frozen=True)
