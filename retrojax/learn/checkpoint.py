@@ -1,8 +1,11 @@
 """Training checkpoints with orbax: params, optimizer state and a JSON record of everything else.
 
-The JSON part holds the update step, RNG key data, the data position (which tasks come next) and any other
-small state the trainer needs to continue exactly; ``restore`` needs abstract trees (shapes/dtypes) of params
-and optimizer state so the restored arrays have the same structure as freshly built ones. Keeps the last N.
+Every process calls ``save`` and ``restore`` (orbax writes each array's shards once and the JSON from process
+0); a step becomes visible only when complete (orbax writes into a temporary directory and renames it), so a
+run killed mid-save resumes from the previous step. The JSON part holds the update step, RNG key data, the
+data position (which tasks come next), the mesh it was written from and any other small state the trainer
+needs to continue exactly; ``restore`` takes target trees whose shapes, dtypes and shardings the restored
+arrays get, so a checkpoint restores onto any mesh. Keeps the last N.
 """
 
 from __future__ import annotations
@@ -15,8 +18,14 @@ import orbax.checkpoint as ocp
 
 
 def abstract_tree(tree: Any) -> Any:
-    """Shape/dtype stand-ins for ``tree`` (a restore target)."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") else x, tree)
+    """Shape/dtype/sharding stand-ins for ``tree`` (a restore target): arrays are restored straight onto the
+    target's devices and layout, whatever mesh the checkpoint was written from."""
+    def one(x: Any) -> Any:
+        if not hasattr(x, "shape"):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+
+    return jax.tree.map(one, tree)
 
 
 class TrainCheckpoints:

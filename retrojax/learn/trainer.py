@@ -9,6 +9,11 @@ log, checkpoint, and evaluate every ``eval.every`` iterations.
 Everything the next iteration depends on — params, optimizer state, the iteration count, the JAX key, the task
 stream position — is in the checkpoint, so ``resume`` continues exactly as an uninterrupted run would.
 
+On a mesh of more than one device (``cfg.mesh``, retrojax.parallel) params and optimizer state live where the
+sharding plan puts them, microbatches are global arrays with rows over data × fsdp (padded with zero-weight
+rows), the sampler gets the rollout-profile (tp-only) weights, checkpoints restore onto whatever mesh this run
+has, and only process 0 writes logs, TensorBoard and exports.
+
 Python API::
 
     trainer = Trainer(cfg, model, tokenizer)          # or Trainer(cfg, model, collect=my_collect)
@@ -37,6 +42,7 @@ from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
 from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
 from retrojax.learn.update import LogProbs, Update, make_optimizer, split_model
+from retrojax.parallel.distributed import is_writer
 
 
 class Collect(Protocol):
@@ -82,8 +88,14 @@ class TaskStream:
         return {"epoch": self.epoch, "offset": self.offset}
 
 
-def _to_device(mb: Microbatch) -> dict[str, jax.Array]:
-    return {k: jnp.asarray(v) for k, v in mb.arrays.items()}
+def _to_device(mb: Microbatch, plan: Any = None) -> dict[str, jax.Array]:
+    if plan is None:
+        return {k: jnp.asarray(v) for k, v in mb.arrays.items()}
+    from retrojax.parallel.shard import global_batch, pad_rows
+
+    shards, procs = plan.batch_shards, jax.process_count()
+    multiple = shards // procs if shards % procs == 0 else shards
+    return global_batch(pad_rows(mb.arrays, multiple), plan)
 
 
 def _mean_metrics(items: list[dict[str, Any]]) -> dict[str, float]:
@@ -138,12 +150,19 @@ class Trainer:
         self.graphdef, self.template, params = split_model(model)
         total = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
         self.tx, self.schedule = make_optimizer(self.learn, total)
+        self.plan = _plan(cfg, model, self.tx)
         self.update = Update(self.graphdef, self.template, self.tx, clip_eps=self.learn.clip_eps,
                              clip_eps_high=self.learn.clip_eps_high, kl_coef=self.learn.kl_coef,
-                             chunk=self.learn.logprob_chunk)
-        self.logprobs = LogProbs(self.graphdef, self.template, chunk=self.learn.logprob_chunk)
-        self.params = params
-        self.opt_state = self.tx.init(params)
+                             chunk=self.learn.logprob_chunk, plan=self.plan)
+        self.logprobs = LogProbs(self.graphdef, self.template, chunk=self.learn.logprob_chunk, plan=self.plan)
+        if self.plan is None:
+            self.params = params
+            self.opt_state = self.tx.init(params)
+        else:
+            from retrojax.parallel.shard import init_optimizer, place_params
+
+            self.params = place_params(params, self.plan.params)
+            self.opt_state = init_optimizer(self.tx, self.params, self.plan)
         self.ref_params = jax.tree.map(jnp.copy, params) if self.learn.kl_coef > 0 else None
         self.iteration = 0
         self.optimizer_steps = 0
@@ -157,16 +176,38 @@ class Trainer:
 
     # --- the policy ------------------------------------------------------------------------------
     def model(self) -> Any:
-        """The current policy as an nnx module (a fresh merge; safe to hand to a sampler)."""
+        """The current policy as an nnx module (a fresh merge; safe to hand to a sampler).
+
+        On a mesh: the rollout-profile weights (tp only, so decoding all-gathers no weight per token), on
+        this process's own devices — one sampler replica per host, synced here after every update.
+        """
+        params = self.params
+        if self.plan is not None:
+            from retrojax.parallel.mesh import local_mesh
+            from retrojax.parallel.shard import place_params, to_local
+
+            params = place_params(params, self.plan.rollout_params)
+            if jax.process_count() > 1:
+                local = local_mesh(self.plan.mesh)
+                params = jax.tree.map(lambda x: to_local(x, local), params)
+        return self._merge(params)
+
+    def _merge(self, params: Any) -> Any:
         state = jax.tree.map(lambda x: x, self.template)
-        nnx.replace_by_pure_dict(state, self.params)
+        nnx.replace_by_pure_dict(state, params)
         return nnx.merge(self.graphdef, state)
 
     def export(self, path: str | Path) -> Path:
-        """Write the current policy as a Hugging Face checkpoint directory."""
+        """Write the current policy as a Hugging Face checkpoint directory (process 0 writes)."""
         from retrojax.model.checkpoint import save_pretrained
 
-        save_pretrained(self.model(), path)
+        params = self.params
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            params = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), params)
+        if is_writer():
+            save_pretrained(self._merge(params), path)
         return Path(path)
 
     # --- checkpoints -----------------------------------------------------------------------------
@@ -179,6 +220,10 @@ class Trainer:
     def save(self) -> None:
         meta = {"iteration": self.iteration, "optimizer_steps": self.optimizer_steps,
                 "key": np.asarray(jax.random.key_data(self.key)).tolist(), "tasks": self.tasks.position()}
+        if self.plan is not None:
+            from retrojax.parallel.mesh import describe
+
+            meta["mesh"] = describe(self.plan.mesh)
         self.checkpoints.save(self.iteration, self.params, self.opt_state, meta)
 
     def restore(self, step: int | None = None) -> bool:
@@ -193,7 +238,7 @@ class Trainer:
         # Iterations logged after this checkpoint will be redone: drop them from the log.
         self.history = [h for h in self._read_log() if h.get("iteration", 0) <= self.iteration]
         path = self.out_dir / "metrics.jsonl"
-        if path.exists():
+        if path.exists() and is_writer():
             path.write_text("".join(json.dumps(h) + "\n" for h in self.history))
         return True
 
@@ -212,7 +257,7 @@ class Trainer:
         plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
                             max_batch_tokens=lc.max_batch_tokens, minibatches=lc.minibatches,
                             chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng)
-        batches = [_to_device(mb) for mb in plan.microbatches]
+        batches = [_to_device(mb, self.plan) for mb in plan.microbatches]
         check = self._prepare(batches)
         step_metrics: list[dict[str, Any]] = []
         for _ in range(self.learn.epochs):
@@ -236,27 +281,29 @@ class Trainer:
 
     def _prepare(self, batches: list[dict[str, jax.Array]]) -> dict[str, float]:
         """Check sampler log-probs against θ_old; optionally replace them, and add reference log-probs."""
-        gaps: list[np.ndarray] = []
+        gaps: list[np.ndarray] = []  # (max, sum, count) per microbatch, reduced on device
         for b in batches:
             if self.learn.check_logprobs or self.learn.old_logprobs == "recompute":
                 lp = self.logprobs(self.params, b)
                 mask = b["exec_mask"] | b["ref_mask"]
-                gaps.append(np.asarray(jnp.abs(lp - b["old_logprobs"])[mask]))
+                gaps.append(np.asarray(self.logprobs.gap(lp, b["old_logprobs"], mask)))
                 if self.learn.old_logprobs == "recompute":
                     b["old_logprobs"] = jnp.where(mask, lp, 0.0)
             if self.ref_params is not None:
                 b["ref_logprobs"] = self.logprobs(self.ref_params, b)
         if not gaps:
             return {}
-        g = np.concatenate(gaps) if gaps else np.zeros(0)
-        if g.size == 0:
+        g = np.stack(gaps)
+        count = float(g[:, 2].sum())
+        if count == 0:
             return {}
-        if g.max() > 1e-2 and self.learn.old_logprobs == "sampler" and not self._warned_gap:
+        gap_max, gap_mean = float(g[:, 0].max()), float(g[:, 1].sum() / count)
+        if gap_max > 1e-2 and self.learn.old_logprobs == "sampler" and not self._warned_gap:
             self._warned_gap = True
-            print(f"warning: sampler log-probs differ from θ_old's by up to {g.max():.3g} (temperature or "
+            print(f"warning: sampler log-probs differ from θ_old's by up to {gap_max:.3g} (temperature or "
                   "top-p/k ≠ 1?); the ratio uses the sampler's. Set learn.old_logprobs=recompute to use "
                   "the model's own.", file=sys.stderr)
-        return {"check/logprob_gap_mean": float(g.mean()), "check/logprob_gap_max": float(g.max())}
+        return {"check/logprob_gap_mean": gap_mean, "check/logprob_gap_max": gap_max}
 
     # --- the loop --------------------------------------------------------------------------------
     def fit(self, updates: int | None = None, *, resume: bool = False,
@@ -269,9 +316,10 @@ class Trainer:
         total = self.learn.updates if updates is None else updates
         if resume:
             self.restore()
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=1))
-        bar = _progress(total, self.iteration, self.progress)
+        if is_writer():
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=1))
+        bar = _progress(total, self.iteration, self.progress and is_writer())
         done = 0
         try:
             while self.iteration < total and (stop_after is None or done < stop_after):
@@ -308,6 +356,8 @@ class Trainer:
     # --- logs ------------------------------------------------------------------------------------
     def _log(self, metrics: dict[str, float]) -> None:
         self.history.append(metrics)
+        if not is_writer():
+            return
         with (self.out_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(metrics) + "\n")
         if self._tensorboard:
@@ -324,6 +374,19 @@ class Trainer:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _plan(cfg: Any, model: Any, tx: Any) -> Any:
+    """The sharding plan of ``cfg.mesh`` when it spans more than one device, else None (one device)."""
+    if getattr(cfg, "mesh", None) is None:
+        return None
+    from retrojax.parallel.mesh import mesh_from_config
+    from retrojax.parallel.shard import make_plan
+
+    mesh = mesh_from_config(cfg)
+    if mesh.devices.size == 1:
+        return None
+    return make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict, tx)
 
 
 def _progress(total: int, start: int, enabled: bool):
