@@ -45,6 +45,7 @@ import numpy as np
 from flax import nnx
 
 from retrojax.model.qwen3 import KVCache, Qwen3, init_cache
+from retrojax.parallel.shard import place_cache
 from retrojax.sampling.distribution import row_keys, sample
 from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
 from retrojax.sampling.stops import (
@@ -110,7 +111,8 @@ class Sampler:
         self.min_window = min_window
         self.tokenizer = tokenizer
         self._graphdef, self._state = nnx.split(model)
-        self.cache: KVCache = init_cache(self.config, rows, max_len, cache_dtype or model.dtype)
+        self.cache: KVCache = place_cache(init_cache(self.config, rows, max_len, cache_dtype or model.dtype),
+                                          model)  # on a mesh: rows over data×fsdp, kv heads over tp
         self._stop_tables: StopStringTables | None = None
         self._device_tables: dict[tuple[str, ...], tuple[jax.Array, jax.Array]] = {}
         self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,

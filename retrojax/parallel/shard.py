@@ -201,3 +201,27 @@ def to_local(x: jax.Array, local: Mesh) -> jax.Array:
 
 def zeros_like_sharded(shape: tuple[int, ...], dtype: Any, sharding: NamedSharding) -> jax.Array:
     return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+
+
+def model_mesh(model: nnx.Module) -> Mesh | None:
+    """The mesh the model's weights live on, when it has more than one device (else None)."""
+    for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding) and sharding.mesh.devices.size > 1:
+            return sharding.mesh
+    return None
+
+
+def place_cache(cache: Any, model: nnx.Module) -> Any:
+    """A sampler's KV cache laid out on the model's mesh: rows over data × fsdp, kv heads over tp.
+
+    Identity for a single-device model. Rows or heads that do not divide stay replicated on that axis.
+    """
+    mesh = model_mesh(model)
+    if mesh is None:
+        return cache
+    rules = rules_for("rollout")
+    names = (None, "cache_batch", "cache_seq", "act_kv_heads", None)
+    return jax.tree.map(
+        lambda x: jax.device_put(x, NamedSharding(mesh, partition_spec(names, x.shape, mesh, rules,
+                                                                         what="kv cache"))), cache)
