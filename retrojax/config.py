@@ -193,6 +193,44 @@ class DistributedConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ApiCallConfig:
+    """One kind of served-model call (retrojax.agent.api_policy); None takes the api section's default."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None  # None: the section's max_tokens, else the request's own limit
+    stop: tuple[str, ...] | None = None
+
+
+def _aux_call() -> ApiCallConfig:
+    return ApiCallConfig(stop=())  # RIR's auxiliary replies are not action turns
+
+
+@dataclasses.dataclass(frozen=True)
+class ApiConfig:
+    """``--policy api:MODEL``: an OpenAI-compatible chat endpoint (vLLM, SGLang, hosted, retrojax serve)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str | None = None  # default model name (--policy api:MODEL wins)
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (unset: "EMPTY")
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None  # None: each request's own limit (sampler / rir token settings)
+    stop: tuple[str, ...] = ("</action>",)
+    concurrency: int = 8  # requests of one tick in flight at once
+    timeout_s: float = 60.0  # per HTTP request
+    retries: int = 3  # extra attempts after a 429 / 5xx / timeout / dropped connection / malformed reply
+    backoff_s: float = 0.5  # first retry delay, doubled each time
+    backoff_max_s: float = 8.0  # cap on one delay (also on a server's Retry-After)
+    execution: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    reflection: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    review: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
+    coarse: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
+    fine: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
+    patch: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole run."""
 
@@ -207,6 +245,7 @@ class Config:
     rir: RIRConfig = dataclasses.field(default_factory=RIRConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     distributed: DistributedConfig = dataclasses.field(default_factory=DistributedConfig)
+    api: ApiConfig = dataclasses.field(default_factory=ApiConfig)
 
 
 # ----------------------------------------------------------------------------------------------
