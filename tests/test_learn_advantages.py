@@ -60,7 +60,7 @@ def d6_archive(d=1.0) -> Archive:
     a.calls += [call(0, 0, 0, 0, 0, reward=d, state="s0", hist="h0"),
                 call(0, 0, 1, 0, 1, reward=0.0, state="s1", hist="hA", is_rewind=True),
                 call(0, 0, 2, 0, -1, role=REFLECTION, state="r", hist="r"),
-                call(0, 0, 3, 1, 0, reward=2.0, state="s0", hist="h0+memory")]
+                call(0, 0, 3, 1, 0, reward=2.0, state="s0", hist="h0")]  # same path, new memory
     # trial 1, segment 0: one action from the same state/history with reward 0
     a.calls += [call(0, 1, 0, 0, 0, reward=0.0, state="s0", hist="h0")]
     a.segments += [seg(0, 0, 0, [0, 1], score=1.0, end="rewind"), seg(0, 0, 1, [3], score=3.0),
@@ -86,6 +86,15 @@ def test_returns_to_go_and_leave_one_out():
 
 
 def test_paper_d6_example():
+    """D.6 with the paper's grouping (D.5.1: memory is not part of the key), by hand for d = 1, λ = 0.7:
+
+    - segment scores S = {1, 3, 0} (mean 4/3, std √(14/9) ≈ 1.2472): M = Norm(S) ≈ (−0.2673, 1.3363, −1.0690);
+    - the s_0 group holds all three s_0 decisions: trial 0's action before the rewind (G = d = 1), trial 1's
+      action (G = 0) and trial 0's resumed action after the rewind (G = 2); mean 1, std √(2/3) ≈ 0.8165, so
+      A_state = (0, −1.2247, +1.2247);
+    - A_cont = M + λ A_state: before-rewind action −0.2673, trial 1 −1.0690 − 0.8573 = −1.9263, resumed
+      action 1.3363 + 0.8573 = 2.1936; the rewind is alone in its group (s_1): A = M = −0.2673.
+    """
     d, lam = 1.0, 0.7
     adv = compute_advantages(d6_archive(d), "sa_grpo", lambda_state=lam, eps=EPS)
     # Returns within the segment: the action gets d (its own reward, then a zero-reward rewind), the rewind 0.
@@ -96,13 +105,14 @@ def test_paper_d6_example():
     # The rewind is alone in its (state, history) group: its total advantage is its segment's macro term M.
     assert adv.local[(0, 0, 1)] == 0.0
     assert adv.of(0, 0, 1) == pytest.approx(m[0])
-    # The action of trial 0 (G = d) and of trial 1 (G = 0) share (s0, h0): returns {0, g} with g = d.
-    g = d
-    local0 = -(g / 2) / (np.std([0.0, g]) + EPS)
-    assert adv.of(0, 1, 0) == pytest.approx(m[2] + lam * local0)
-    assert adv.of(0, 0, 0) == pytest.approx(m[0] - lam * local0)
-    # Same state but a different retained history (memory in context): no local comparison, macro term kept.
-    assert adv.local[(0, 0, 3)] == 0.0 and adv.of(0, 0, 3) == pytest.approx(m[1])
+    # The s0 group: trial 0 before the rewind (G = d), trial 1 (G = 0), trial 0 after the rewind (G = 2).
+    g = np.array([d, 0.0, 2.0])
+    local = (g - g.mean()) / (g.std() + EPS)
+    np.testing.assert_allclose([adv.local[(0, 0, 0)], adv.local[(0, 1, 0)], adv.local[(0, 0, 3)]], local)
+    np.testing.assert_allclose(local, [0.0, -1.2247, 1.2247], atol=1e-4)
+    assert adv.of(0, 0, 0) == pytest.approx(m[0] + lam * local[0]) == pytest.approx(-0.2673, abs=1e-4)
+    assert adv.of(0, 1, 0) == pytest.approx(m[2] + lam * local[1]) == pytest.approx(-1.9263, abs=1e-4)
+    assert adv.of(0, 0, 3) == pytest.approx(m[1] + lam * local[2]) == pytest.approx(2.1936, abs=1e-4)
     # One eligible recovery alone in its task: normalized reflection advantage 0.
     refl = [c for c in adv.credits if c.role == REFLECTION]
     assert [(c.trial, c.call_index, c.advantage) for c in refl] == [(0, 2, 0.0)]

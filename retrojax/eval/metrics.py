@@ -3,7 +3,9 @@
 ``summarize(trials)`` groups ``TrialRecord``s by protocol and reports, per protocol: the pooled success
 rate and its Wilson score interval, the per-seed success rates with their mean and standard deviation,
 mean calls (execution, reflection, total), rewinds (model, forced), macro-attempts, invalid turns,
-distinct states visited and actions (primitive moves) to success. With several protocols it adds
+distinct states visited, actions (primitive moves) to success and how trials ended (``end_reasons``: the
+fraction of trials per termination reason, e.g. ``context`` when the conversation outgrew the model's
+context). With several protocols it adds
 ``delta_pro = T@1 − P@1`` and ``delta_ref = T@3 − T@1`` when those protocols are present.
 """
 
@@ -73,7 +75,15 @@ def protocol_summary(trials: Sequence[TrialRecord]) -> dict[str, Any]:
         "invalid_turns": _mean([t.invalid_turns for t in trials]),
         "distinct_states": _mean([t.distinct_states for t in trials]),
         "actions_to_success": _mean(solved),
+        "end_reasons": {r: c / n for r, c in sorted(_count(t.end_reason or "open" for t in trials).items())},
     }
+
+
+def _count(items: Iterable[str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for x in items:
+        out[x] += 1
+    return dict(out)
 
 
 def summarize(trials: Iterable[TrialRecord]) -> dict[str, Any]:

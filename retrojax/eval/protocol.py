@@ -26,7 +26,8 @@ from retrojax.agent.trial import parse_protocol
 
 
 def make_policy(spec: str, cfg: Any) -> Policy:
-    """``random`` | ``oracle:EPS`` | ``model:DIR`` → a policy. Raises ``ValueError`` on a bad spec."""
+    """``random`` | ``oracle:EPS`` | ``model:DIR`` | ``api:MODEL`` → a policy. Raises ``ValueError`` on a bad
+    spec. ``api:MODEL`` is a served model behind the ``api:`` section's OpenAI-compatible endpoint."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind == "random" and not arg:
@@ -52,7 +53,11 @@ def make_policy(spec: str, cfg: Any) -> Policy:
         model = from_pretrained(arg, dtype=jnp.dtype(cfg.model.dtype))
         tokenizer = load_tokenizer(cfg.model.tokenizer or arg)
         return ModelPolicy.from_config(cfg, model, tokenizer)
-    raise ValueError(f"unknown policy {spec!r}; use random, oracle:EPS or model:DIR")
+    if kind == "api":
+        from retrojax.agent.api_policy import ApiPolicy
+
+        return ApiPolicy.from_config(cfg, model=arg.strip() or None)
+    raise ValueError(f"unknown policy {spec!r}; use random, oracle:EPS, model:DIR or api:MODEL")
 
 
 def _protocols(args: argparse.Namespace, cfg: Any) -> list[str]:
@@ -97,6 +102,12 @@ def evaluate(cfg: Any, policy: Policy, split: str, protocols: list[str], seeds: 
     finally:
         env.close()
     b = cfg.trial.trials_per_task if trials_per_task is None else trials_per_task
+    served = getattr(policy, "report", None)
+    if callable(served):  # a served model (api:MODEL): token usage per protocol, retries, failures
+        metrics["api"] = served()
+        for name, use in metrics["api"]["protocols"].items():
+            if name in metrics["results"]:
+                metrics["results"][name]["usage"] = use
     return {**metrics, "split": split, "tasks": n, "seeds": seeds, "trials_per_task": b,
             "protocols": protocols, "seconds": elapsed}
 
@@ -113,6 +124,15 @@ def format_report(report: dict[str, Any], policy: str) -> str:
         spread = f"{r['seed_mean']:.3f} ± {r['seed_std']:.3f}"
         lines.append(f"{name:<9}{r['success']:>9.3f}{ci:>17}{spread:>18}{r['calls']:>8.1f}"
                      f"{r['rewinds']:>9.2f}{r['distinct_states']:>8.1f}{acts:>11}")
+    for name in report["protocols"]:
+        ends = report["results"][name].get("end_reasons")
+        if ends:
+            lines.append(f"{name} ends: " + ", ".join(f"{k} {v:.3f}" for k, v in ends.items()))
+    if "api" in report:
+        u = report["api"]["usage"]
+        lines.append(f"served model {report['api']['model']}: {u['requests']} requests, {u['prompt_tokens']} "
+                     f"prompt + {u['completion_tokens']} completion tokens, {u['retries']} retries, "
+                     f"{u['failed']} failed (invalid turns)")
     if "delta_pro" in report:
         lines.append(f"Δpro = T@1 − P@1 = {report['delta_pro']:+.3f}")
     if "delta_ref" in report:

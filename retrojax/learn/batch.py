@@ -6,8 +6,10 @@ decision's original context; where the prefix relation does not hold (or the cha
 bucket) a new sequence starts. Reflection calls are their own sequences. Each trained output token carries
 
 - ``adv``: its call's advantage (A_cont or A_ref);
-- ``weight``: the call's share of the task objective, ``1 / (tokens × decisions)`` for execution tokens and
-  ``λ_ref / (tokens × eligible reflections)`` for reflection tokens, divided by the number of tasks (tasks
+- ``weight``: the call's share of the task objective, ``1 / (tokens × decisions)`` for execution tokens (a
+  token mean within each decision, then a mean over decisions) and ``λ_ref / (reflection tokens of the
+  task)`` for reflection tokens (eq. 19: one token mean over all eligible reflection tokens of the task, so
+  a longer reflection carries more weight), divided by the number of tasks (tasks
   are averaged without pooling their groups) and multiplied by the number of microbatches (each optimizer
   step then sees an unbiased estimate of the whole objective);
 - ``old_logprobs``: the behaviour policy's sampler log-probs.
@@ -115,12 +117,13 @@ def build_sequences(archive: Archive, adv: Advantages, *, lambda_ref: float, max
     credit = {(c.task, c.trial, c.call_index): c for c in adv.credits}
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
     decisions: dict[int, int] = defaultdict(int)
-    reflections: dict[int, int] = defaultdict(int)
+    ref_tokens: dict[int, int] = defaultdict(int)  # eligible reflection output tokens per task
     for c in adv.credits:
         if c.role == EXECUTION:
             decisions[c.task] += 1
         elif lambda_ref != 0.0:
-            reflections[c.task] += 1
+            ref_tokens[c.task] += len(calls[(c.task, c.trial, c.call_index)].output_ids)
+    reflections = {t: n for t, n in ref_tokens.items() if n > 0}
     tasks = sorted(set(decisions) | set(reflections))
     n_tasks = max(len(tasks), 1)
 
@@ -132,7 +135,7 @@ def build_sequences(archive: Archive, adv: Advantages, *, lambda_ref: float, max
         if cr.role == EXECUTION:
             w = 1.0 / (n_out * decisions[call.task] * n_tasks)
         else:
-            w = lambda_ref / (n_out * reflections[call.task] * n_tasks)
+            w = lambda_ref / (reflections[call.task] * n_tasks)
         return Span(call, start, cr.advantage, w, cr.role)
 
     seqs: list[Sequence_] = []
