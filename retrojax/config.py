@@ -199,11 +199,7 @@ class ApiCallConfig:
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None  # None: the section's max_tokens, else the request's own limit
-    stop: tuple[str, ...] | None = None
-
-
-def _aux_call() -> ApiCallConfig:
-    return ApiCallConfig(stop=())  # RIR's auxiliary replies are not action turns
+    stop: tuple[str, ...] | None = None  # None: api.stop for execution/reflection, none for RIR's aux roles
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,10 +220,10 @@ class ApiConfig:
     backoff_max_s: float = 8.0  # cap on one delay (also on a server's Retry-After)
     execution: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
     reflection: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
-    review: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
-    coarse: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
-    fine: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
-    patch: ApiCallConfig = dataclasses.field(default_factory=_aux_call)
+    review: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    coarse: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    fine: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    patch: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
 
 
 @dataclasses.dataclass(frozen=True)

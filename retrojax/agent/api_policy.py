@@ -34,6 +34,9 @@ from retrojax.agent.policies import Policy
 from retrojax.agent.trial import Generation, Request, TrialSpec
 
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+# RIR's auxiliary calls (review, range selection, restore point, patch) are not action turns: no stop strings
+# unless their own section sets some
+_NO_STOP_KINDS = frozenset({"review", "coarse", "fine", "patch"})
 
 
 class ApiCallFailed(Exception):
@@ -71,7 +74,8 @@ class Usage:
 
 
 def settings_from_config(api: Any) -> tuple[CallSettings, dict[str, CallSettings]]:
-    """The default settings and the per-kind ones (``api.<kind>.*`` fields left None take the default)."""
+    """The default settings and the per-kind ones (``api.<kind>.*`` fields left None take the default; RIR's
+    auxiliary kinds default to no stop strings)."""
     default = CallSettings(api.temperature, api.top_p, api.max_tokens, tuple(api.stop))
     kinds = {}
     for f in dataclasses.fields(api):
@@ -81,7 +85,8 @@ def settings_from_config(api: Any) -> tuple[CallSettings, dict[str, CallSettings
                 default.temperature if section.temperature is None else section.temperature,
                 default.top_p if section.top_p is None else section.top_p,
                 default.max_tokens if section.max_tokens is None else section.max_tokens,
-                default.stop if section.stop is None else tuple(section.stop))
+                (() if f.name in _NO_STOP_KINDS else default.stop) if section.stop is None
+                else tuple(section.stop))
     return default, kinds
 
 
