@@ -336,7 +336,10 @@ class Trainer:
                 done += 1
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.4f}")
+                    if "train/loss" in metrics:
+                        bar.set_postfix(loss=f"{metrics['train/loss']:.4f}")
+                    else:  # no microbatch: every credit was 0 (skipped) or no trained call had output tokens
+                        bar.set_postfix_str("nothing to train in this update (all advantages 0)")
         finally:
             if bar is not None:
                 bar.close()
