@@ -15,6 +15,8 @@ from retrojax.eval.metrics import paired_difference
 from retrojax.eval.protocol import make_policy
 
 CFG = config.load(None, [])
+# P@1 has no branch budget (C.4); the ordering below compares protocols at the same turn allowance per path
+CAPPED = config.load(None, [f"trial.p1_max_turns={CFG.trial.branch_budget}"])
 
 
 @pytest.mark.parametrize("world,split", [(SokobanEnv, "sokoban-6x6-2:test"),
@@ -23,7 +25,7 @@ def test_oracle_protocol_ordering(world, split):
     env = world(split)
     assert env.num_tasks >= 128
     # every task × 3 seeds × 1 trial per protocol, all protocols in one batch (1,152 trials)
-    archive, metrics = run_trials(CFG, OraclePolicy(0.3), task_ids=range(128), seeds=[0, 1, 2],
+    archive, metrics = run_trials(CAPPED, OraclePolicy(0.3), task_ids=range(128), seeds=[0, 1, 2],
                                   trials_per_task=1, protocols=["P@1", "T@1", "T@3"], env=env,
                                   record_tokens=False)
     env.close()
@@ -70,3 +72,22 @@ def test_make_policy_specs():
     for bad in ("oracle:x", "oracle:2", "model:", "greedy"):
         with pytest.raises(ValueError):
             make_policy(bad, CFG)
+
+
+def test_eval_over_several_worlds_reports_the_equal_benchmark_mean(tmp_path, capsys):
+    """C.5: M_s = mean over worlds of seed s's success (each world weighs 1), then mean ± std over seeds."""
+    out = tmp_path / "worlds.json"
+    code = cli.main(["eval", "--config", "configs/sokoban.yaml,configs/minesweeper.yaml", "--policy",
+                     "oracle:0.3", "--protocol", "P@1,T@3", "--tasks", "3", "--seeds", "2",
+                     "--set", "trial.trials_per_task=2", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    worlds = report["worlds"]
+    assert set(worlds) == {"sokoban-6x6-2:test", "minesweeper-6x6-3:test"}
+    for p in ("P@1", "T@3"):
+        agg = report["benchmark_mean"][p]
+        per_seed = {s: np.mean([w["results"][p]["seed_success"][s] for w in worlds.values()]) for s in "01"}
+        assert agg["per_seed"] == pytest.approx(per_seed)
+        assert agg["mean"] == pytest.approx(np.mean(list(per_seed.values())))
+        assert agg["seed_std"] == pytest.approx(np.std(list(per_seed.values()), ddof=1))
+    assert "equal-benchmark mean" in capsys.readouterr().out

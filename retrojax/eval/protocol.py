@@ -140,8 +140,57 @@ def format_report(report: dict[str, Any], policy: str) -> str:
     return "\n".join(lines)
 
 
+def benchmark_mean(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """C.5's equal-benchmark aggregate per protocol: M_s = mean over worlds of each seed's success, then the
+    mean and standard deviation of M_s over seeds (every world weighs 1, whatever its task count)."""
+    out: dict[str, Any] = {}
+    protocols = set.intersection(*(set(r["results"]) for r in reports.values())) if reports else set()
+    for name in sorted(protocols):
+        per_world = [r["results"][name]["seed_success"] for r in reports.values()]
+        seeds = sorted(set.intersection(*(set(s) for s in per_world)), key=int)
+        per_seed = {s: sum(w[s] for w in per_world) / len(per_world) for s in seeds}
+        vals = list(per_seed.values())
+        mean = sum(vals) / len(vals) if vals else 0.0
+        std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else 0.0
+        out[name] = {"mean": mean, "seed_std": std, "per_seed": per_seed, "worlds": len(per_world)}
+    return out
+
+
+def _main_worlds(args: argparse.Namespace, paths: list[str]) -> int:
+    """``retrojax eval --config a.yaml,b.yaml``: each world's report, then the equal-benchmark mean (C.5)."""
+    reports: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        cfg = config_lib.load(path, args.overrides)
+        protocols = _protocols(args, cfg)
+        policy = make_policy(args.policy, cfg)
+        tasks = args.tasks if args.tasks is not None else cfg.eval.num_tasks
+        report = evaluate(cfg, policy, _split(args, cfg), protocols, args.seeds, tasks)
+        report["policy"], report["config"] = args.policy, path
+        print(format_report(report, args.policy))
+        reports[report["split"]] = report
+    agg = benchmark_mean(reports)
+    print("equal-benchmark mean over " + ", ".join(reports) + " (C.5: each world weighs 1):")
+    for name, a in agg.items():
+        print(f"  {name:<6} {a['mean']:.3f} ± {a['seed_std']:.3f} (std over {len(a['per_seed'])} seeds)")
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"worlds": reports, "benchmark_mean": agg}, indent=2, sort_keys=True))
+        print(f"wrote {path}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
     """Handler of ``retrojax eval`` (flags in ``retrojax/cli.py``)."""
+    paths = [p.strip() for p in (args.config or "").split(",") if p.strip()]
+    if len(paths) > 1:
+        try:
+            if args.seeds < 1:
+                raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
+            return _main_worlds(args, paths)
+        except (ValueError, KeyError, FileNotFoundError, config_lib.ConfigError) as e:
+            print(f"retrojax eval: {e}", file=sys.stderr)
+            return 2
     try:
         cfg = config_lib.load(args.config, args.overrides)
         protocols = _protocols(args, cfg)
