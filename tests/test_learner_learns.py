@@ -129,7 +129,8 @@ class OneStepEnv(TrialEnv):
 def config(estimator: str, out_dir) -> object:
     return from_dict({
         "model": {"preset": "tiny", "dtype": "float32"},
-        "sampler": {"max_len": 96, "max_new_tokens": 2, "max_reflection_tokens": 2, "chunk_buckets": [32, 64]},
+        "sampler": {"max_len": 96, "max_new_tokens": 2, "max_reflection_tokens": 2,
+                    "chunk_buckets": [32, 64]},
         "trial": {"protocol": "T@3", "max_calls": 4, "branch_budget": 2, "prompt_style": "compact",
                   "trials_per_task": 8, "history_events": 0},
         "learn": {"estimator": estimator, "updates": 6, "tasks_per_update": 4, "learning_rate": 2e-2,
@@ -164,6 +165,9 @@ class Collect:
         return archive, _flatten(summarize(archive.trials))
 
 
+_logprobs = nnx.jit(lambda model, ids, targets: token_logprobs(model, ids, targets, chunk=32))
+
+
 def p_right(model, cfg) -> float:
     """The model's probability of ``right`` as its first reply token at C_0."""
     env = OneStepEnv()
@@ -175,7 +179,7 @@ def p_right(model, cfg) -> float:
     trial.start(env.reset([0], [0])[0], env.observations([0])[0])
     ids = trial.request().prompt_ids
     targets = np.concatenate([ids[1:], [RIGHT]]).astype(np.int32)
-    lp = token_logprobs(model, jnp.asarray(ids[None]), jnp.asarray(targets[None]), chunk=32)
+    lp = _logprobs(model, jnp.asarray(ids[None]), jnp.asarray(targets[None]))
     return float(np.exp(np.asarray(lp)[0, -1]))
 
 
@@ -183,14 +187,26 @@ MICRO = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_
                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=128)
 
 
+@pytest.fixture(scope="module")
+def shared() -> dict:
+    """Compiled pieces reused by the four runs: the collector's sampler and the jitted update/log-probs
+    (neither depends on the estimator), so each compiles once."""
+    return {}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["sa_grpo", "grpo", "rloo", "gigpo"])
-def test_the_rewarded_action_becomes_likely(estimator, tmp_path):
+def test_the_rewarded_action_becomes_likely(estimator, tmp_path, shared):
     cfg = config(estimator, tmp_path)
     model = Qwen3(MICRO, rngs=nnx.Rngs(0))
     start = p_right(model, cfg)
-    trainer = Trainer(cfg, model, WordTokenizer(), collect=Collect(cfg), num_tasks=4, tensorboard=False,
+    collect = shared.setdefault("collect", Collect(cfg))
+    collect.cfg = cfg
+    trainer = Trainer(cfg, model, WordTokenizer(), collect=collect, num_tasks=4, tensorboard=False,
                       progress=False)
+    if "update" in shared:
+        trainer.update, trainer.logprobs = shared["update"], shared["logprobs"]
+    shared["update"], shared["logprobs"] = trainer.update, trainer.logprobs
     history = trainer.fit()
     end = p_right(trainer.model(), cfg)
     first = history[0]["rollout/results/T@3/success"]
