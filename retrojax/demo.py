@@ -235,6 +235,7 @@ def rollout_metrics(archive: Archive) -> dict[str, float]:
     if not trials:
         return {}
     return {"success": float(np.mean([t.success for t in trials])),
+            "trials": float(len(trials)),
             "return": float(np.mean([t.final_score for t in trials])),
             "calls": float(np.mean([t.calls_execution + t.calls_reflection for t in trials])),
             "rewinds": float(np.mean([t.rewinds_model + t.rewinds_forced for t in trials])),
@@ -369,8 +370,7 @@ def run(cfg: Any) -> Path:
 
     stages.begin("report")
     results = {"SFT": sft_summary["results"], "RL": rl_summary["results"]}
-    curve = [{"update": int(h["iteration"]), "success": h.get("rollout/success", float("nan")),
-              "reward": h.get("rollout/return"), "eval_success": h.get("eval/success")} for h in history]
+    curve = learning_curve(history)
     attempts = {}
     for label, arch in (("SFT", sft_archive), ("RL", rl_archive)):
         k_proto = next((p for p in cfg.eval.protocols if attempts_curve(arch, p) is not None), None)
@@ -396,9 +396,65 @@ def run(cfg: Any) -> Path:
     return path
 
 
+def learning_curve(history: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Per update: training-batch success and trials, reward, held-out success, and cumulative wall time."""
+    curve, wall = [], 0.0
+    for h in history:
+        wall += float(h.get("time/collect_s", 0.0)) + float(h.get("time/learn_s", 0.0))
+        curve.append({"update": int(h["iteration"]), "success": h.get("rollout/success", float("nan")),
+                      "trials": int(h.get("rollout/trials", 0)), "reward": h.get("rollout/return"),
+                      "eval_success": h.get("eval/success"), "wall_s": wall})
+    return curve
+
+
+def batch_success_change(curve: Sequence[dict[str, Any]], window: int = 2) -> dict[str, Any] | None:
+    """Training-batch success of the first vs the last ``window`` updates (fewer when the run is short, so
+    the two windows never share an update), pooled over their trials, with Wilson 95% intervals."""
+    from retrojax.eval.metrics import wilson
+
+    n = len(curve)
+    w = min(window, n // 2)
+    if w < 1:
+        return None
+
+    def pooled(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        trials = sum(int(p["trials"]) for p in points)
+        wins = int(round(sum(float(p["success"]) * int(p["trials"]) for p in points)))
+        rate = wins / trials if trials else float("nan")
+        return {"success": rate, "trials": trials, "ci95": list(wilson(wins, trials)),
+                "updates": [int(p["update"]) for p in points]}
+
+    first, last = pooled(curve[:w]), pooled(curve[-w:])
+    return {"first": first, "last": last, "change": last["success"] - first["success"],
+            "overlap": report.intervals_overlap(first["ci95"], last["ci95"])}
+
+
+def _updates_text(updates: Sequence[int]) -> str:
+    return f"update {updates[0]}" if len(updates) == 1 else f"updates {updates[0]}-{updates[-1]}"
+
+
+def batch_success_note(change: dict[str, Any] | None) -> str:
+    """One sentence: did training-batch success rise, with intervals."""
+    if change is None:
+        return "Training-batch success: too few updates to compare a first and a last window."
+    f, la = change["first"], change["last"]
+    verdict = "rose" if change["change"] > 0 else ("did not change" if change["change"] == 0 else "fell")
+    support = ("the 95% intervals overlap, so the change is not statistically supported"
+               if change["overlap"] else "the 95% intervals do not overlap")
+    return (f"Training-batch success {verdict}: {f['success']:.1%} {report.fmt_ci(f['ci95'])} over "
+            f"{_updates_text(f['updates'])} ({f['trials']} trials) → {la['success']:.1%} "
+            f"{report.fmt_ci(la['ci95'])} over {_updates_text(la['updates'])} ({la['trials']} trials); "
+            f"{support}.")
+
+
 def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg: Any) -> list[str]:
     """What the numbers say, without spin."""
     notes = []
+    if history:
+        notes.append(batch_success_note(batch_success_change(learning_curve(history))))
+    for p in cfg.eval.protocols:
+        if p in results.get("SFT", {}) and p in results.get("RL", {}):
+            notes.append("Held-out: " + report.compare_sentence(results, "SFT", "RL", p))
     main_proto = cfg.trial.protocol if cfg.trial.protocol in results["RL"] else cfg.eval.protocols[-1]
     sft_s = results["SFT"][main_proto]["success"]
     rl_s = results["RL"][main_proto]["success"]

@@ -66,3 +66,37 @@ def test_write_report_without_rl_updates_says_so(tmp_path):
     assert "No RL updates were run." in path.read_text()
     with pytest.raises(ValueError):
         report.write_report(tmp_path, title="t", results={})
+
+
+def _history(successes, trials=48):
+    return [{"iteration": i + 1, "rollout/success": s, "rollout/trials": float(trials),
+             "time/collect_s": 10.0, "time/learn_s": 5.0} for i, s in enumerate(successes)]
+
+
+def test_demo_notes_say_whether_training_batch_success_rose_with_intervals():
+    from types import SimpleNamespace
+
+    from retrojax import demo
+
+    curve = demo.learning_curve(_history([0.25, 0.25, 0.5, 0.75, 0.75]))
+    assert [p["wall_s"] for p in curve] == [15.0, 30.0, 45.0, 60.0, 75.0]
+    change = demo.batch_success_change(curve)
+    assert change["first"]["updates"] == [1, 2] and change["last"]["updates"] == [4, 5]
+    assert change["first"]["trials"] == 96 and change["first"]["success"] == pytest.approx(0.25)
+    assert change["last"]["success"] == pytest.approx(0.75) and not change["overlap"]
+    lo, hi = change["first"]["ci95"]
+    assert lo < 0.25 < hi
+    note = demo.batch_success_note(change)
+    assert note.startswith("Training-batch success rose: 25.0%") and "do not overlap" in note
+    # three updates: the windows are update 1 and update 3 (never shared); a small change is not supported
+    short = demo.batch_success_change(demo.learning_curve(_history([0.5, 0.4, 0.52], trials=16)))
+    assert short["first"]["updates"] == [1] and short["last"]["updates"] == [3] and short["overlap"]
+    assert "not statistically supported" in demo.batch_success_note(short)
+    assert demo.batch_success_change(demo.learning_curve(_history([0.5]))) is None
+    cfg = SimpleNamespace(trial=SimpleNamespace(protocol="T@3", trials_per_task=8),
+                          eval=SimpleNamespace(protocols=["P@1", "T@3"]),
+                          learn=SimpleNamespace(tasks_per_update=6))
+    notes = demo.closing_notes(RESULTS, _history([0.25, 0.25, 0.5, 0.75]), cfg)
+    assert notes[0].startswith("Training-batch success rose")
+    held = [n for n in notes if n.startswith("Held-out: ")]
+    assert len(held) == 2 and "T@3" in held[1] and "do not overlap" in held[1]

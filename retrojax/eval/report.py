@@ -49,7 +49,7 @@ def _fmt_pct(x: float | None) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f}%"
 
 
-def _fmt_ci(ci: Sequence[float] | None) -> str:
+def fmt_ci(ci: Sequence[float] | None) -> str:
     if not ci or len(ci) != 2:
         return "–"
     return f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
@@ -90,7 +90,7 @@ def results_table(results: Results) -> str:
     for policy, per_protocol in results.items():
         for proto, r in per_protocol.items():
             lines.append(
-                f"| {policy} | {proto} | {_fmt_pct(r.get('success'))} | {_fmt_ci(r.get('ci95'))} | "
+                f"| {policy} | {proto} | {_fmt_pct(r.get('success'))} | {fmt_ci(r.get('ci95'))} | "
                 f"{_fmt_num(r.get('n'))} | {_fmt_num(r.get('calls'))} | {_fmt_num(r.get('rewinds'))} |")
     return "\n".join(lines)
 
