@@ -41,11 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
         ("sampler", "retrojax.bench.sampler:main", "KV-cache sampler vs transformers and re-prefill"),
         ("update", "retrojax.bench.update:main", "jitted GRPO update vs bare forward+backward"),
         ("textworlds", "retrojax.bench.textworlds:main", "ScienceWorld / ALFWorld bridge"),
+        ("learn", "retrojax.bench.learn:main", "SFT then K ReTRAIL updates on CPU: does success rise?"),
     ]:
         p = bench_sub.add_parser(name, help=help_)
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
         p.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
         p.set_defaults(func=_handler(target))
+        if name == "learn":
+            p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a field of configs/demo.yaml (repeatable)")
 
     # --- play --------------------------------------------------------------------------------
     play = sub.add_parser("play", help="play an environment in the terminal")

@@ -1,0 +1,104 @@
+"""``retrojax bench learn``: does ReTRAIL improve an agent on a CPU budget? (figures, not a timed test)
+
+The run is the demo's real stack (``retrojax.demo.run``) sized for a ≤ 10 minute CPU budget: oracle
+demonstrations on tiny Sokoban rooms, a sentencepiece tokenizer, a short SFT warm start of a 2.2M-parameter
+Qwen3, K ReTRAIL updates (State-Anchored GRPO + reflection reward) through the trial loop and the sampler,
+and a held-out T@3 evaluation of the SFT and the RL policy on the same levels and seeds.
+
+Figures (stable keys):
+
+- ``learn.updates``: K; ``learn.wall_s``: wall time of the whole run (demonstrations to last evaluation);
+  ``learn.rl_wall_s``: the RL updates alone;
+- ``learn.success.first`` / ``learn.success.last``: mean training-batch success of the first two and the
+  last two updates (pooled over their trials), with ``….ci95_lo/hi`` (Wilson);
+- ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
+- ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only).
+
+Goal (issue 14): ``learn.success.last − learn.success.first ≥ 0.2`` and held-out T@3 of RL ≥ SFT. The bench
+reports what it measures; it does not retry or tune toward the goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+# Sizes for ≤ 10 minutes on the project's 2-core CPU (training and evaluation batches share one sampler
+# shape: 4 tasks x 8 trials = 32 held-out levels x 1 protocol).
+BENCH = [
+    "eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1",
+    "learn.updates=6", "learn.tasks_per_update=4", "trial.trials_per_task=8",
+]
+QUICK = [
+    "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.num_solver_episodes=6",
+    "sft.num_recovery_episodes=6", "learn.updates=2", "learn.tasks_per_update=1", "trial.trials_per_task=3",
+    "eval.num_tasks=3", "trial.max_calls=6", "sampler.chunk_buckets=[64]", "learn.seq_buckets=[1024]",
+]
+
+
+def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str = "T@3") -> dict[str, Any]:
+    """The bench figures from a demo ``summary.json`` (see the module docstring)."""
+    from retrojax.demo import batch_success_change
+
+    curve = summary["curve"]
+    out: dict[str, Any] = {"learn.updates": len(curve), "learn.wall_s": float(wall_s),
+                           "learn.rl_wall_s": float(curve[-1]["wall_s"]) if curve else 0.0}
+    change = batch_success_change(curve, window=2)
+    if change is not None:
+        for name in ("first", "last"):
+            out[f"learn.success.{name}"] = float(change[name]["success"])
+            out[f"learn.success.{name}.ci95_lo"], out[f"learn.success.{name}.ci95_hi"] = change[name]["ci95"]
+        out["learn.success.change"] = float(change["change"])
+    for label, key in (("SFT", "sft"), ("RL", "rl")):
+        r = summary["results"][label][protocol]
+        out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])
+        name = f"learn.heldout.{key}.{protocol}"
+        out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = r["ci95"]
+    out["learn.curve"] = [[int(p["update"]), round(float(p["wall_s"]) / 60.0, 3), float(p["success"])]
+                          for p in curve]
+    return out
+
+
+def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/demo.yaml",
+        overrides: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
+    """Run the sized demo stack and return the figures."""
+    from retrojax import config as config_lib
+    from retrojax import demo
+
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="retrojax-bench-learn-"))
+    sets = [*BENCH, *(QUICK if quick else []), *overrides, f"run.out_dir={out}"]
+    cfg = config_lib.load(config, sets)
+    log(f"[bench learn] {cfg.learn.updates} updates x {cfg.learn.tasks_per_update} tasks x "
+        f"{cfg.trial.trials_per_task} trials on {cfg.env.split}; output in {out}")
+    t0 = time.perf_counter()
+    demo.run(cfg)
+    wall = time.perf_counter() - t0
+    summary = json.loads((out / "summary.json").read_text())
+    figures = figures_from_summary(summary, wall)
+    figures["learn.report"] = str(out / "report.md")
+    return figures
+
+
+def main(args: argparse.Namespace) -> int:
+    """Handler of ``retrojax bench learn``."""
+    from retrojax.bench import print_figures, write_figures
+    from retrojax.config import ConfigError
+
+    try:
+        figures = run(quick=bool(args.quick), log=lambda line: print(line, file=sys.stderr),
+                      overrides=list(getattr(args, "overrides", None) or []))
+    except (ConfigError, ValueError) as e:
+        print(f"retrojax bench learn: {e}", file=sys.stderr)
+        return 2
+    curve = figures.pop("learn.curve")
+    print_figures(figures)
+    print("learn.curve (update, RL minutes, training-batch success): "
+          + "; ".join(f"{u}, {m:.2f}, {s:.3f}" for u, m, s in curve))
+    write_figures({**figures, "learn.curve": curve}, args.json)
+    return 0
