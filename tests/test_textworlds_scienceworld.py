@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import time
 
 import pytest
 
 from envs.textworlds import TextWorldBridge
+from envs.textworlds.canonical import listing_canonical
 from envs.textworlds.scienceworld import UNKNOWN_ACTION, parse_task, split_tasks
 
 pytestmark = pytest.mark.textworlds
@@ -147,3 +149,39 @@ def test_close_leaves_no_stray_processes():
     with pytest.raises(Exception, match="closed"):
         br.reset([TASK])
     assert os.getpid() not in pids
+
+
+
+ART_STUDIO = "find-living-thing:225"  # starts in the art studio: three wood cups, listed in a per-reset order
+PICK = ["pick up wood cup", "0", "inventory", "look around"]
+
+
+def test_reordered_listings_and_numbered_picks_restore_exactly(bridge):
+    """Measured: each reset lists the art studio's three wood cups in a new order, and '0' after 'pick up
+    wood cup' takes whichever cup comes first. Restores compare listings as multisets and the world's
+    state key, and retry a pick that took another cup — so the restored world holds the same cup."""
+    (o,) = bridge.reset([ART_STUDIO])
+    t = o.trial
+    for action in PICK:
+        (out,) = bridge.step([t], [action])
+        assert out.ok and out.obs.valid, out.error
+    cps = list(bridge.record(t).checkpoints)
+    held = cps[3].text
+    paint = re.search(r"wood cup \(containing (\w+) paint\)", held).group(1)
+    for _ in range(4):
+        (rw,) = bridge.rewind([t], [4])  # reset + replay of the pick, the inventory and the look
+        assert rw.ok and rw.obs == cps[4], rw.error
+        (inv,) = bridge.step([t], ["inventory"])  # the engine itself: the very cup that was picked
+        assert inv.ok and listing_canonical(inv.obs.text) == listing_canonical(held), (inv.obs.text, held)
+    (b,) = bridge.reset([ART_STUDIO])
+    for _ in range(4):
+        (back,) = bridge.rewind([b.trial], [0])
+        assert back.ok and back.obs == b.obs, back.error
+    # a recorded inventory with another cup in it is a true divergence: a clear error, never a wrong state
+    other = next(p for p in ("red", "blue", "yellow") if p != paint)
+    rec = bridge.record(t)
+    rec.checkpoints[3] = dataclasses.replace(cps[3], text=held.replace(f"{paint} paint", f"{other} paint"))
+    (bad,) = bridge.rewind([t], [3])
+    assert not bad.ok and "diverged" in bad.error and f"{other} paint" in bad.error and "replays" in bad.error
+    assert rec.error_kind == "divergence"
+    bridge.release([t, b.trial])

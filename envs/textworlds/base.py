@@ -30,6 +30,11 @@ class TextWorldError(RuntimeError):
 class ReplayDivergence(TextWorldError):
     """Reset + replay of the retained path did not reproduce the observation recorded at C_j."""
 
+    def __init__(self, message: str, replayed: int = 0, at_order_dependent: bool = False):
+        super().__init__(message)
+        self.replayed = replayed  # actions the failed replay ran (counted like any replayed action)
+        self.at_order_dependent = at_order_dependent  # found right after an order-dependent action
+
 
 @dataclasses.dataclass(frozen=True)
 class Observation:
@@ -40,8 +45,9 @@ class Observation:
     hold). ``valid`` is False when the engine did not recognise the action (the observation is then
     the engine's own message). ``changed`` says whether the engine state may have moved — an invalid
     action that did not change it keeps the retained path exact without a replay. ``key`` is a digest of
-    the engine state (ALFWorld: its PDDL facts; ScienceWorld: the room, inventory and score), so equal
-    states reached by different paths share it. ``admissible`` is filled only when a call asks for it.
+    the engine state (ALFWorld: its PDDL facts; ScienceWorld: the room, inventory and score, in their
+    order-free canonical form), so equal states reached by different paths share it; a replay checks it.
+    ``admissible`` is filled only when a call asks for it.
     """
 
     text: str
@@ -91,6 +97,23 @@ class TextWorld(abc.ABC):
     @abc.abstractmethod
     def goal(self) -> str:
         """The current task's goal text."""
+
+    def canonical(self, text: str) -> str:
+        """The form in which a replayed observation must equal the recorded one (default: exact text).
+
+        A world whose engine lists objects in a per-reset order overrides this with an order-free form.
+        """
+        return text
+
+    # replays from a fresh reset a restore may take to reproduce the recorded state (see pool._reach):
+    # in all, and when the mismatch shows right after an order-dependent action (a cheap prefix replay)
+    replay_attempts: int = 1
+    order_attempts: int = 1
+
+    def order_dependent(self, action: str) -> bool:
+        """Whether ``action``'s effect may depend on the per-reset listing order (a replay then checks
+        the state key right after it, so a wrong outcome is retried at once). Default: never."""
+        return False
 
     def child_pids(self) -> list[int]:
         """Processes the engine started (e.g. a JVM), so the pool can check a clean shutdown."""

@@ -3,7 +3,8 @@
 The bridge keeps, per trial, the task, the retained action path a_1..a_k and the observation at each
 checkpoint C_0..C_k. ``step`` appends a checkpoint when the engine accepted the action (an action the
 engine rejects is an invalid turn: its message comes back, nothing is appended); ``rewind(j)`` has a
-worker reset and replay a_1..a_j and checks that it sees the observation recorded at C_j — a mismatch
+worker reset and replay a_1..a_j and checks that it sees the observation and the world state recorded
+at C_j (in the world's canonical form: ScienceWorld lists objects in a per-reset order) — a mismatch
 is a per-trial error, never a silent divergence. Every operation is batched over trials and runs in
 parallel across the pool's workers. A trial that hit an error stays failed: its later calls answer
 with the same error.
@@ -100,6 +101,8 @@ class TextWorldBridge:
             task=rec.task,
             path=tuple(rec.actions[:k]),
             expected=rec.checkpoints[k].text,
+            expected_key=rec.checkpoints[k].key or None,
+            path_keys=tuple(cp.key for cp in rec.checkpoints[1 : k + 1]),
             action=action,
             admissible=adm,
             prefetch_expert=self.prefetch_expert and op in ("step", "restore"),

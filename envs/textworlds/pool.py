@@ -62,6 +62,8 @@ class Call:
     task: str
     path: tuple[str, ...] = ()
     expected: str | None = None
+    expected_key: str | None = None  # the world's state key recorded there (checked after a replay)
+    path_keys: tuple[str, ...] = ()  # state keys recorded after each path action (checked where needed)
     action: str | None = None
     fresh: bool = False  # replay even if the worker is already at this state (rewinds)
     admissible: bool = False  # attach the world's admissible actions to the returned observation
@@ -99,10 +101,11 @@ def value_done(value: Any) -> bool:
 class _WorkerState:
     """The engine plus which (task, path) it currently reflects (None = unknown).
 
-    Engines are deterministic (every rewind checks it), so a worker also remembers the answers of
-    recent calls by (op, task, path, action): trials that share a prefix — the B trials of one task —
-    are then served without moving the engine. To reach a state it replays only the missing suffix
-    when the engine already stands on a prefix of the wanted path, else it resets and replays all.
+    Engines are deterministic up to the world's canonical form (every replay checks it), so a worker
+    also remembers the answers of recent calls by (op, task, path, action): trials that share a
+    prefix — the B trials of one task — are then served without moving the engine. To reach a state
+    it replays only the missing suffix when the engine already stands on a prefix of the wanted path,
+    else it resets and replays all.
     Rewinds (``fresh``) always reset and replay for real.
     """
 
@@ -114,29 +117,80 @@ class _WorkerState:
         self.cache_size = int(cache_size)
 
     def _reach(
-        self, task: str, path: tuple[str, ...], expected: str | None, fresh: bool = False
+        self, task: str, path: tuple[str, ...], expected: str | None, fresh: bool = False,
+        expected_key: str | None = None, path_keys: tuple[str, ...] = (),
     ) -> tuple[Observation, int]:
+        """Bring the engine to ``(task, path)`` and check it against the record there.
+
+        A replay that does not reproduce the record is tried again from a fresh reset, up to the
+        world's ``replay_attempts`` — or its ``order_attempts`` for mismatches found right after an
+        order-dependent action, which is checked against its recorded state key at once (ScienceWorld
+        reorders identically named objects at each reset, so a numbered answer to its "Ambiguous
+        request" may pick another of them). It stays a ``ReplayDivergence`` after the last attempt.
+        """
         if not fresh and self.at == (task, path) and self.obs is not None:
             return self.obs, 0
-        start = 0
+        start, obs = 0, None
         if (not fresh and self.at is not None and self.obs is not None and self.at[0] == task
                 and len(self.at[1]) <= len(path) and path[: len(self.at[1])] == self.at[1]):
             start, obs = len(self.at[1]), self.obs  # the engine stands on a prefix: replay the rest
-        self.at = None
+        limits = (max(1, int(self.world.replay_attempts)), max(1, int(self.world.order_attempts)))
+        replayed, tries, order_tries = 0, 0, 0
+        while True:
+            self.at = None
+            try:
+                obs, n = self._replay(task, path, start, obs, expected, expected_key, path_keys)
+                replayed += n
+                break
+            except ReplayDivergence as e:
+                replayed += e.replayed
+                order_tries += e.at_order_dependent
+                tries += not e.at_order_dependent
+                if tries >= limits[0] or order_tries >= limits[1]:
+                    total = tries + order_tries
+                    note = f" (after {total} replays)" if total > 1 else ""
+                    raise ReplayDivergence(f"{e}{note}", replayed) from None
+                start, obs = 0, None
+        self.at, self.obs = (task, path), obs
+        return obs, replayed
+
+    def _replay(
+        self, task: str, path: tuple[str, ...], start: int, obs: Observation | None, expected: str | None,
+        expected_key: str | None, path_keys: tuple[str, ...] = (),
+    ) -> tuple[Observation, int]:
+        """One replay from ``start`` (0: a reset); returns the observation and the actions replayed.
+        A ``ReplayDivergence`` carries the actions it replayed."""
         if start == 0:
             obs = self.world.reset(task)
         for i, action in enumerate(path[start:], start=start):
-            obs = self.world.step(action, full=i == len(path) - 1)
+            check = i < len(path_keys) and bool(path_keys[i]) and self.world.order_dependent(action)
+            obs = self.world.step(action, full=i == len(path) - 1 or check)
             if not obs.valid:
                 raise ReplayDivergence(
-                    f"replay of {task}: action {i + 1} '{action}' was rejected on replay: {obs.text[:200]!r}"
+                    f"replay of {task}: action {i + 1} '{action}' was rejected on replay: {obs.text[:200]!r}",
+                    i + 1 - start,
                 )
+            if check and obs.key != path_keys[i]:
+                raise ReplayDivergence(
+                    f"replay of {task}: action {i + 1} '{action}' reached another state than recorded "
+                    f"(state key {obs.key} vs {path_keys[i]})", i + 1 - start, at_order_dependent=True,
+                )
+        assert obs is not None
         if expected is not None and obs.text != expected:
+            recorded, replayed = self.world.canonical(expected), self.world.canonical(obs.text)
+            if recorded != replayed:
+                only_rec = sorted(set(recorded.splitlines()) - set(replayed.splitlines()))
+                only_rep = sorted(set(replayed.splitlines()) - set(recorded.splitlines()))
+                raise ReplayDivergence(
+                    f"replay of {task} to C_{len(path)} diverged: recorded {expected[:160]!r}, "
+                    f"replayed {obs.text[:160]!r}; only recorded: {only_rec[:3]!r}, only replayed: "
+                    f"{only_rep[:3]!r}", len(path) - start,
+                )
+        if expected_key and obs.key and obs.key != expected_key:
             raise ReplayDivergence(
-                f"replay of {task} to C_{len(path)} diverged: recorded {expected[:160]!r}, "
-                f"replayed {obs.text[:160]!r}"
+                f"replay of {task} to C_{len(path)} diverged: the observation matches but the world's state "
+                f"(its state key {obs.key} vs recorded {expected_key}) does not", len(path) - start,
             )
-        self.at, self.obs = (task, path), obs
         return obs, len(path) - start
 
     @staticmethod
@@ -174,7 +228,8 @@ class _WorkerState:
             obs = self.world.reset(call.task)
             self.at, self.obs = (call.task, ()), obs
             return obs, 0
-        obs, replayed = self._reach(call.task, call.path, call.expected, call.fresh)
+        obs, replayed = self._reach(call.task, call.path, call.expected, call.fresh, call.expected_key,
+                                    call.path_keys)
         if call.op == "restore":
             return obs, replayed
         if call.op == "step":

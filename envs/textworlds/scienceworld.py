@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from envs.textworlds.base import Observation, TextWorld, digest
+from envs.textworlds.canonical import listing_canonical
 
 UNKNOWN_ACTION = "No known action matches that input."
 SPLIT_PARTS = ("train", "dev", "test")
@@ -42,6 +43,13 @@ class ScienceWorld(TextWorld):
     """One ScienceWorld JVM. ``step_limit`` ends an episode after that many moves (as the wrapper)."""
 
     name = "scienceworld"
+    # a container's objects come out in a new order at each reset (a hash set in the engine), so a
+    # numbered answer to "Ambiguous request" can pick another identically named object on replay: the
+    # pool checks the state right after it and replays again from a fresh reset (measured: the order
+    # comes in streaks, up to 15 resets before a given cup of three came first); other mismatches
+    # (e.g. the engine's order-dependent heat transfer) get a few fresh replays, then are an error
+    replay_attempts = 3
+    order_attempts = 64
 
     def __init__(self, step_limit: int = 100, simplifications: str = "", cache_dir: str | None = None):
         from scienceworld import ScienceWorldEnv
@@ -75,8 +83,8 @@ class ScienceWorld(TextWorld):
         done = completed or score < 0 or moves > self.step_limit
         reward = score - self._last_score
         self._last_score = score
-        key = digest(f"{self._task}", str(self._server.freeActionLook()),
-                     str(self._server.freeActionInventory()), f"{score}") if full else ""
+        key = digest(f"{self._task}", self.canonical(str(self._server.freeActionLook())),
+                     self.canonical(str(self._server.freeActionInventory())), f"{score}") if full else ""
         return Observation(
             text=str(text),
             score=score,
@@ -169,6 +177,14 @@ class ScienceWorld(TextWorld):
 
     def goal(self) -> str:
         return str(self._server.getTaskDescription())
+
+    def canonical(self, text: str) -> str:
+        """Listings in an order-free form: the engine orders a container's objects anew at each reset."""
+        return listing_canonical(text)
+
+    def order_dependent(self, action: str) -> bool:
+        """A bare number answers an "Ambiguous request" by position in the current (per-reset) order."""
+        return str(action).strip().isdigit()
 
     def variations(self, name: str) -> dict[str, list[int]]:
         """ScienceWorld's own train/dev/test variation split of one task."""
