@@ -34,8 +34,8 @@ def goal_of(world: str, fields: dict[str, Any]) -> str:
     template = _GOALS.get(world, "Complete the task.")
     try:
         return template.format(**fields)
-    except (KeyError, IndexError, ValueError):
-        return template
+    except (KeyError, IndexError, ValueError):  # no task fields (scripted runs render no prompt)
+        return template.split(" (", 1)[0].rstrip(".") + "."
 
 
 def world_rules(prompt_key: str, fields: dict[str, Any]) -> str:
