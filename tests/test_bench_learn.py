@@ -1,0 +1,30 @@
+"""``retrojax bench learn``: figures from a demo summary (keys, windows, intervals) and the CLI entry."""
+
+import pytest
+
+from retrojax import cli
+from retrojax.bench.learn import figures_from_summary
+
+
+def test_figures_have_the_issue_keys_and_pool_the_first_and_last_two_updates():
+    curve = [{"update": i + 1, "success": s, "trials": 32, "wall_s": 60.0 * (i + 1)}
+             for i, s in enumerate([0.25, 0.375, 0.5, 0.5, 0.625, 0.75])]
+    results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
+    f = figures_from_summary({"curve": curve, "results": results}, wall_s=500.0)
+    assert f["learn.updates"] == 6 and f["learn.wall_s"] == 500.0 and f["learn.rl_wall_s"] == 360.0
+    assert f["learn.success.first"] == pytest.approx((0.25 + 0.375) / 2)
+    assert f["learn.success.last"] == pytest.approx((0.625 + 0.75) / 2)
+    assert f["learn.success.change"] == pytest.approx(f["learn.success.last"] - f["learn.success.first"])
+    assert f["learn.success.first.ci95_lo"] < f["learn.success.first"] < f["learn.success.first.ci95_hi"]
+    assert f["learn.heldout.sft.T@3"] == 0.3 and f["learn.heldout.rl.T@3"] == 0.5
+    assert f["learn.heldout.rl.T@3.ci95_lo"] == 0.4
+    assert f["learn.curve"][0] == [1, 1.0, 0.25] and len(f["learn.curve"]) == 6
+
+
+def test_bench_learn_is_a_bench_target(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "learn", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--json" in out and "--quick" in out and "--set" in out
