@@ -13,7 +13,8 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 
 def test_the_three_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == [
-        "01_environments_and_rewind.ipynb", "02_trials_and_advantages.ipynb", "03_ablations.ipynb"]
+        "01_environments_and_rewind.ipynb", "02_trials_and_advantages.ipynb", "03_ablations.ipynb",
+        "04_rir.ipynb"]
 
 
 def _kernel_manager() -> KernelManager:
