@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("update", "retrojax.bench.update:main", "jitted GRPO update vs bare forward+backward"),
         ("textworlds", "retrojax.bench.textworlds:main", "ScienceWorld / ALFWorld bridge"),
         ("learn", "retrojax.bench.learn:main", "SFT then K ReTRAIL updates on CPU: does success rise?"),
+        ("parallel", "retrojax.bench.parallel:main", "mesh: per-device FLOPs/memory, collectives, 4B plan"),
     ]:
         p = bench_sub.add_parser(name, help=help_)
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
@@ -129,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from retrojax.parallel.distributed import enable_compile_cache_default
+
+    enable_compile_cache_default()  # JAX's persistent compilation cache (RETROJAX_COMPILE_CACHE=0: off)
     try:
         return args.func(args)
     except KeyboardInterrupt:
