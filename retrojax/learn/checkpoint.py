@@ -65,5 +65,13 @@ class TrainCheckpoints:
         ))
         return out["params"], out["opt_state"], dict(out["meta"])
 
+    def meta(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON record of ``step`` (default: the latest) without reading any array."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        out = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
+
     def close(self) -> None:
         self.manager.close()

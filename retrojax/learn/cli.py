@@ -21,6 +21,9 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from retrojax.parallel.distributed import setup
+
+    setup(cfg)  # jax.distributed (multi-process runs) and the compile cache, before any device work
     model = build_model(cfg)
     tokenizer = build_tokenizer(cfg)
     trainer = Trainer(cfg, model, tokenizer)

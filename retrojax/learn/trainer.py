@@ -249,6 +249,10 @@ class Trainer:
         self.key, sub = jax.random.split(self.key)
         tasks = self.tasks.take(self.learn.tasks_per_update)
         seeds = [int(s) for s in np.asarray(jax.random.randint(sub, (len(tasks),), 0, 2**31 - 1))]
+        if jax.process_count() > 1:  # this process's block of whole task groups
+            from retrojax.parallel.shares import task_share
+
+            tasks, seeds = task_share(tasks, seeds, jax.process_index(), jax.process_count())
         archive, rollout = self.collect(self.model(), tasks, seeds)
         t1 = time.perf_counter()
         adv = advantages_from_config(archive, self.learn)
@@ -257,7 +261,13 @@ class Trainer:
         plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
                             max_batch_tokens=lc.max_batch_tokens, minibatches=lc.minibatches,
                             chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng)
-        batches = [_to_device(mb, self.plan) for mb in plan.microbatches]
+        if jax.process_count() > 1:  # every process: the same number and shapes of microbatches
+            from retrojax.parallel.shares import agree
+
+            local = agree(plan.microbatches, int(plan.stats.get("batch/tasks", len(tasks))))
+            batches = [_to_device(Microbatch(a, 0, 0), self.plan) for a in local]
+        else:
+            batches = [_to_device(mb, self.plan) for mb in plan.microbatches]
         check = self._prepare(batches)
         step_metrics: list[dict[str, Any]] = []
         for _ in range(self.learn.epochs):

@@ -69,14 +69,33 @@ def enable_compile_cache(directory: str | Path | None = None) -> Path:
     return path
 
 
+def disable_compile_cache() -> None:
+    jax.config.update("jax_enable_compilation_cache", False)
+
+
+def enable_compile_cache_default() -> Path | None:
+    """The CLI's default: the cache on in the user cache dir unless ``RETROJAX_COMPILE_CACHE`` is 0/off
+    (or names another directory)."""
+    env = os.environ.get("RETROJAX_COMPILE_CACHE", "")
+    if env.lower() in ("0", "off", "false", "no"):
+        return None
+    try:
+        return enable_compile_cache(env or None)
+    except OSError:  # an unwritable cache dir never stops a run
+        return None
+
+
 def setup(cfg: Any) -> None:
-    """Process start-up for a run: distributed init (if asked), then the compile cache (if on)."""
+    """Process start-up for a run: distributed init (if asked), then the compile cache as configured."""
     dc = getattr(cfg, "distributed", None)
     if dc is None:
         return
     initialize(dc)
     if dc.compile_cache:
+        jax.config.update("jax_enable_compilation_cache", True)
         enable_compile_cache(dc.compile_cache_dir)
+    else:
+        disable_compile_cache()
 
 
 def is_writer() -> bool:

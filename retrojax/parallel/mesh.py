@@ -29,6 +29,8 @@ def resolve_shape(data: int, fsdp: int, tp: int, n_devices: int) -> tuple[int, i
             raise ValueError(f"mesh {dict(zip(AXES, sizes, strict=True))}: {n_devices} devices are not a "
                              f"multiple of {known}")
         sizes[fill[0]] = n_devices // known
+    if not fill and math.prod(sizes) < n_devices:
+        return sizes[0], sizes[1], sizes[2]  # an explicit smaller mesh: the first devices (by process)
     if math.prod(sizes) != n_devices:
         raise ValueError(f"mesh {dict(zip(AXES, sizes, strict=True))} needs {math.prod(sizes)} devices, "
                          f"{n_devices} are available")
@@ -42,10 +44,13 @@ def ordered_devices(devices: Sequence[Any] | None = None) -> list[Any]:
 
 
 def make_mesh(data: int = 1, fsdp: int = -1, tp: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
-    """A Mesh over all (or the given) devices with axes ``("data", "fsdp", "tp")``; −1 fills one axis."""
+    """A Mesh with axes ``("data", "fsdp", "tp")`` over all (or the given) devices; −1 fills one axis.
+
+    Without −1, a mesh smaller than the device count takes the first devices in process order.
+    """
     devs = ordered_devices(devices)
     shape = resolve_shape(data, fsdp, tp, len(devs))
-    return Mesh(np.asarray(devs, dtype=object).reshape(shape), AXES)
+    return Mesh(np.asarray(devs[:math.prod(shape)], dtype=object).reshape(shape), AXES)
 
 
 def mesh_from_config(cfg: Any, devices: Sequence[Any] | None = None) -> Mesh:
