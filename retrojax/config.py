@@ -81,6 +81,7 @@ class TrialConfig:
     history_events: int = 4  # branch events shown in each user turn
     p1_max_turns: int = 0  # P@1 only: cap on execution turns (0: off, the 60-call ceiling alone; ours)
     max_segments: int = 0  # forward-segment cap counting both recovery types (C.4; 0: off)
+    memory: str = "reflection"  # reflection (the paper) | raw_suffix (ablation: the abandoned suffix, no call)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +343,38 @@ def from_dict(data: Mapping[str, Any] | None, cls: type = Config, source: str = 
     return _build(cls, dict(data or {}), source)
 
 
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, section by section (values in ``over`` win; lists are replaced)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _with_base(data: dict[str, Any], path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file may start from another one: ``base: sokoban.yaml`` (relative to the file, else under
+    configs/); its own keys override the base's (e.g. the ablations in configs/ablations/)."""
+    if "base" not in data:
+        return data
+    name = data.pop("base")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{path}: 'base' expects the path of another config file, got {name!r}")
+    base = (path.parent / name).resolve()
+    if not base.exists():
+        base = Path(__file__).resolve().parent.parent / "configs" / name
+    if not base.exists():
+        raise ConfigError(f"{path}: base config not found: {name}")
+    if base in seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to {base}")
+    try:
+        loaded = yaml.safe_load(base.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{base}: not valid YAML: {e}") from e
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{base}: the top level must be a mapping of sections")
+    return _merge(_with_base(loaded, base, (*seen, path.resolve())), data)
+
+
 def load(path: str | Path | None, overrides: Sequence[str] = (), cls: type = Config) -> Any:
     """Read a YAML config (or defaults when ``path`` is None), apply overrides, validate, freeze."""
     data: dict[str, Any] = {}
@@ -363,7 +396,7 @@ def load(path: str | Path | None, overrides: Sequence[str] = (), cls: type = Con
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{source}: the top level must be a mapping of sections")
-        data = loaded
+        data = _with_base(loaded, p)
     for text in overrides:
         key, value = parse_override(text)
         _set_path(data, key, value, f"--set {text}")

@@ -175,3 +175,44 @@ def test_reflection_term_is_one_token_mean_over_the_tasks_reflection_tokens(orac
         assert sum(sp.weight * len(sp.call.output_ids) for sp in items) == pytest.approx(lam / n_tasks)
         multi += len({len(sp.call.output_ids) for sp in items}) > 1
     assert multi >= 1  # a task whose reflections differ in length (where the old per-reflection mean differs)
+
+
+@pytest.mark.parametrize("name", ["no_model_rewind", "raw_suffix_memory", "v_plus_only", "gigpo_in_retro"])
+def test_ablation_configs_run_through_the_loop_and_the_learner(name):
+    """Rule 9: each ablation config is the paper config plus a few overrides, and runs as it says."""
+    cfg = config_lib.load(f"configs/ablations/{name}.yaml", ["trial.prompt_style=compact"])
+    base = config_lib.load("configs/sokoban.yaml", ["trial.prompt_style=compact"])
+    assert cfg.model == base.model and cfg.trial.max_calls == base.trial.max_calls
+    archive, metrics = run_trials(cfg, OraclePolicy(0.4), task_ids=range(6), trials_per_task=2,
+                                  protocols=["T@3"], split=SOKOBAN)
+    adv = compute_advantages(archive, cfg.learn.estimator, reflection_reward_kind=cfg.learn.reflection_reward)
+    assert archive.recoveries and metrics["results"]["T@3"]["success"] > 0.5
+    if name == "no_model_rewind":
+        assert all(t.rewinds_model == 0 for t in archive.trials)
+        assert any(t.rewinds_forced for t in archive.trials)
+    if name == "raw_suffix_memory":
+        assert all(t.calls_reflection == 0 for t in archive.trials)
+        assert all(r.reflection_call == -1 for r in archive.recoveries)
+        assert all(r.remark.startswith("Abandoned branch C_") for r in archive.recoveries)
+        assert not [c for c in adv.credits if c.role == REFLECTION]
+        for r in archive.recoveries:  # the suffix starts at C_j, not with the move into C_j
+            first = r.remark.splitlines()[1]
+            assert first.startswith((f"C_{r.target} → C_{r.target + 1}", f"at C_{r.target}")), first
+    if name == "v_plus_only":
+        v_plus = {(r.task, r.trial, r.reflection_call): r.v_resumed for r in archive.recoveries}
+        assert adv.reflection_reward and all(v == v_plus[k] for k, v in adv.reflection_reward.items())
+    if name == "gigpo_in_retro":
+        assert [c for c in adv.credits if c.role == REFLECTION]
+
+
+def test_a_config_may_start_from_a_base(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\ntrial:\n  max_calls: 7\n")
+    (tmp_path / "b.yaml").write_text("base: sokoban.yaml\ntrial:\n  branch_budget: 3\n  max_calls: 9\n")
+    cfg = config_lib.load(tmp_path / "a.yaml")  # b.yaml from a's folder, sokoban.yaml from configs/
+    assert (cfg.trial.max_calls, cfg.trial.branch_budget, cfg.env.split) == (7, 3, "sokoban-6x6-2")
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(config_lib.ConfigError, match="loops"):
+        config_lib.load(tmp_path / "loop.yaml")
+    (tmp_path / "missing.yaml").write_text("base: nowhere.yaml\n")
+    with pytest.raises(config_lib.ConfigError, match="not found"):
+        config_lib.load(tmp_path / "missing.yaml")

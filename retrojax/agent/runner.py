@@ -76,6 +76,11 @@ class Runner:
         return _collect(trials)
 
     def _tick(self, live: list[Trial]) -> None:
+        auto = [(t, op) for t in live if (op := t.auto_op()) is not None]  # rewinds without a model call
+        if auto:
+            self.env.rewind([t.slot for t, _ in auto], [op.target for _, op in auto])
+            for t, _ in auto:
+                t.on_rewound()
         requests = [t.request() for t in live]
         gens = self.policy.generate(requests)
         if len(gens) != len(requests):

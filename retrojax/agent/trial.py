@@ -62,6 +62,8 @@ from retrojax.agent.prompts import PromptSet
 
 EXECUTE = "execute"
 RECOVERY_CONTEXTS = ("memory_turn", "observation", "rebuild")  # D.3: how memory enters the resumed context
+MEMORY_KINDS = ("reflection", "raw_suffix")
+AUTO_REWIND = "auto_rewind"  # raw_suffix memory: the rewind needs no model call
 REFLECT_KNOWN = "reflect_known"
 REFLECT_CHOOSE = "reflect_choose"
 _EMPTY_IDS = np.zeros(0, np.int32)
@@ -215,6 +217,7 @@ class Limits:
     max_reflection_tokens: int = 384
     p1_max_turns: int = 0  # P@1 only: cap on execution turns (0: none, the call ceiling alone)
     max_segments: int = 0  # forward-segment cap, counting both recovery types (0: none)
+    memory: str = "reflection"  # reflection | raw_suffix (ablation: the abandoned suffix, no reflection call)
 
     @classmethod
     def from_config(cls, cfg: Any) -> Limits:
@@ -226,12 +229,15 @@ class Limits:
         p1_cap, seg_cap = int(getattr(t, "p1_max_turns", 0) or 0), int(getattr(t, "max_segments", 0) or 0)
         if p1_cap < 0 or seg_cap < 0:
             raise ValueError("trial.p1_max_turns and trial.max_segments must be 0 (off) or positive")
+        memory = getattr(t, "memory", "reflection")
+        if memory not in MEMORY_KINDS:
+            raise ValueError(f"trial.memory must be one of {MEMORY_KINDS}, got {memory!r}")
         return cls(max_calls=t.max_calls, branch_budget=t.branch_budget,
                    max_model_rewinds=t.max_model_rewinds,
                    min_calls_for_recovery=t.min_calls_for_recovery, fallback=t.fallback,
                    remark_max_chars=t.remark_max_chars, history_events=t.history_events,
                    max_new_tokens=s.max_new_tokens, max_reflection_tokens=s.max_reflection_tokens,
-                   p1_max_turns=p1_cap, max_segments=seg_cap)
+                   p1_max_turns=p1_cap, max_segments=seg_cap, memory=memory)
 
     def path_capacity(self) -> int:
         """Checkpoints a trail must hold (``C_0`` plus one per execution turn that can stay on the path)."""
@@ -448,7 +454,7 @@ class Trial:
             self._event(f"at C_{self.k}: asked to rewind to C_{action.target}")
             self._close_segment("rewind")
             self.recovery = {"trigger": "model", "target": action.target, "from": self.k}
-            self.phase = REFLECT_KNOWN
+            self._reflect_or_skip(REFLECT_KNOWN)
             return None
         self.phase = "env"
         self.pending_call = call
@@ -497,7 +503,8 @@ class Trial:
         self.moves += info.moves
         call.reward, call.solved, call.failed = float(info.reward), bool(info.solved), bool(info.failed)
         outcome = f" → {info.message}" if info.message else ""
-        self._event(f"C_{self.k - 1} → C_{self.k}: {call.action}{outcome} (reward {info.reward:+.2f})")
+        self._event(f"C_{self.k - 1} → C_{self.k}: {call.action}{outcome} (reward {info.reward:+.2f})",
+                    at=self.k - 1)  # the decision was taken at C_{k-1}
         self._after_turn()
 
     def _after_turn(self) -> None:
@@ -528,7 +535,28 @@ class Trial:
             self._end("no_recovery")
         else:
             self.recovery = {"trigger": trigger, "target": self.k - 1, "from": self.k}
-            self.phase = REFLECT_CHOOSE
+            self._reflect_or_skip(REFLECT_CHOOSE)
+
+    def _reflect_or_skip(self, kind: str) -> None:
+        """Ask for the reflection call, or (raw_suffix ablation) keep the abandoned suffix as the memory and
+        rewind to the requested target (model) or the latest checkpoint (forced) without a call."""
+        if self.limits.memory == "reflection":
+            self.phase = kind
+            return
+        rec = self.recovery
+        j = rec["target"]
+        suffix = "\n".join(e for kd, e in self.events if kd >= j) or "(no turns)"
+        rec.update(call=-1, fallback=False,
+                   remark=parse.clip_remark(f"Abandoned branch C_{j} → C_{self.k}:\n{suffix}",
+                                            self.limits.remark_max_chars))
+        self.phase = AUTO_REWIND
+
+    def auto_op(self) -> EnvOp | None:
+        """A world operation the trial needs before its next call (the raw_suffix ablation's rewind)."""
+        if self.phase != AUTO_REWIND:
+            return None
+        self.phase = "env"
+        return EnvOp("rewind", target=self.recovery["target"])
 
     def _on_reflection(self, call: CallRecord, gen: Generation, kind: str) -> EnvOp | None:
         self.record.calls_reflection += 1
@@ -647,8 +675,8 @@ class Trial:
         r.distinct_states = len(self.states_seen)
         r.actions_to_success = self.moves if r.success else None
 
-    def _event(self, text: str) -> None:
-        self.events.append((self.k, text))
+    def _event(self, text: str, at: int | None = None) -> None:
+        self.events.append((self.k if at is None else at, text))
 
     # -- tokens and text -----------------------------------------------------------------------------
     def _output_tokens(self, gen: Generation) -> tuple[np.ndarray, np.ndarray]:
@@ -674,7 +702,8 @@ class Trial:
 
     def _system_text(self) -> str:
         p = self.prompts
-        rules = p.rewind_allowed if self.protocol.model_rewinds else p.rewind_forbidden
+        allowed = self.protocol.model_rewinds and self.limits.max_model_rewinds > 0
+        rules = p.rewind_allowed if allowed else p.rewind_forbidden
         return p.system.format(max_calls=self.limits.max_calls, branch_budget=self.branch_limit,
                                rewind_rules=rules, **self.fields)
 
