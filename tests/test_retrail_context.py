@@ -139,3 +139,21 @@ def test_scienceworld_puts_the_memory_in_the_next_observation(tmp_path):
     assert recovery.remark in turn and "focus on air" in turn
     assert turn.index(recovery.remark) < turn.index("Score so far")
     assert archive.trials[0].success
+
+
+@pytest.mark.textworlds
+def test_alfworld_test_partition_is_valid_seen(tmp_path):
+    """Table 5: ALFWorld's test partition is valid_seen (valid_unseen is dev here)."""
+    from retrojax.agent.textworld_env import make_alfworld
+
+    for folder in ("train", "valid_seen", "valid_unseen"):
+        game = tmp_path / folder / f"pick_{folder}" / "trial_0" / "game.tw-pddl"
+        game.parent.mkdir(parents=True)
+        game.write_text('{"solvable": true}')
+    cfg = config.load("configs/alfworld_data.yaml", [f"env.data_dir={tmp_path}"])
+    for part, folder in (("test", "valid_seen"), ("dev", "valid_unseen"), ("train", "train")):
+        env = make_alfworld(cfg, f"alfworld-data:{part}")
+        try:
+            assert len(env.tasks) == 1 and f"pick_{folder}" in env.tasks[0], env.tasks
+        finally:
+            env.close()

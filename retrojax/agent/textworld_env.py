@@ -12,7 +12,8 @@ Splits (``NAME:PART``, PART ∈ train | dev | test):
   variations follow ScienceWorld's own train/dev/test split.
 - ``alfworld-gen:PART`` / ``alfworld-gen-heat,cool:PART`` — generated ALFWorld games (``env.num_tasks``
   of them, default 60) cycling over the six task types (or the listed ones).
-- ``alfworld-data:PART`` — real ALFWorld games under ``env.data_dir`` (train | valid_seen | valid_unseen).
+- ``alfworld-data:PART`` — real ALFWorld games under ``env.data_dir``: train → ``train``, test →
+  ``valid_seen`` (the paper's test partition, Table 5), dev → ``valid_unseen``.
 
 Also here: :class:`TextOraclePolicy`, the scripted gold-path / planner player (``OraclePolicy`` with the
 world's action format), and :func:`format_action`.
@@ -316,6 +317,10 @@ def make_scienceworld(cfg: Any, split: str | None = None) -> TextWorldEnv:
                         timeout_s=cfg.env.step_timeout_s, world_kwargs=kwargs)
 
 
+# The paper's partitions (Table 5): ALFWorld's test split is valid_seen; valid_unseen serves as dev here.
+ALFWORLD_DATA_PARTS = {"train": "train", "dev": "test", "test": "dev"}  # our part -> data_tasks' part
+
+
 def make_alfworld(cfg: Any, split: str | None = None) -> TextWorldEnv:
     from envs.textworlds.alfworld import data_tasks
     from envs.textworlds.alfworld_gen import generated_tasks
@@ -325,7 +330,7 @@ def make_alfworld(cfg: Any, split: str | None = None) -> TextWorldEnv:
         base, part, _ = _split(cfg, split, "alfworld-data")
         if not cfg.env.data_dir:
             raise ValueError("split alfworld-data needs env.data_dir (a folder of ALFWorld games)")
-        tasks = _limit(data_tasks(cfg.env.data_dir, part), cfg)
+        tasks = _limit(data_tasks(cfg.env.data_dir, ALFWORLD_DATA_PARTS[part]), cfg)
     else:
         base, part, types = _split(cfg, split, "alfworld-gen")
         tasks = generated_tasks(part, cfg.env.num_tasks or DEFAULT_GENERATED_TASKS, types or None)
