@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 # Sizes for ≤ 10 minutes on the project's 2-core CPU (training and evaluation batches share one sampler
-# shape: 4 tasks x 8 trials = 32 held-out levels x 1 protocol).
+# shape: 4 tasks x 8 trials = 32 held-out levels x 1 protocol); SFT runs 40 of the demo's 80 steps.
 BENCH = [
-    "eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1",
+    "eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1", "sft.steps=40",
     "learn.updates=6", "learn.tasks_per_update=4", "trial.trials_per_task=8",
 ]
 QUICK = [
