@@ -57,6 +57,24 @@ def weight_allgathers(hlo: str, weight_shapes: set[tuple[int, ...]]) -> int:
     return sum(1 for shapes in found if any(s in weight_shapes for s in shapes))
 
 
+def _weight_shapes(params: Any, axis_sizes: list[int]) -> set[tuple[int, ...]]:
+    """Every shape a (partly) gathered weight matrix can have: whole or one layer's slice, each dimension
+    whole or split by a mesh axis size (norms, 1-D, are left out: they are replicated)."""
+    import itertools
+
+    import jax
+
+    ks = sorted({k for k in axis_sizes if k > 1} | {math.prod(axis_sizes)})
+    out: set[tuple[int, ...]] = set()
+    for x in jax.tree.leaves(params):
+        for shape in (tuple(x.shape), tuple(x.shape[1:])):
+            if len(shape) < 2:
+                continue
+            options = [[d] + [d // k for k in ks if d % k == 0] for d in shape]
+            out.update(itertools.product(*options))
+    return out
+
+
 def _cost(compiled: Any) -> dict[str, float]:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -192,11 +210,7 @@ def run(quick: bool = False, log=print, mesh_shape: tuple[int, int, int] = (1, 4
         pm, om, _ = um(pm, om, global_batch(_batch(r, t, config.vocab_size), um.plan))
     figures["update.traces_3_steps_2_buckets"] = float(um.traces)
 
-    weight_shapes = set()
-    for x in jax.tree.leaves(param_shapes(many)):
-        weight_shapes.add(tuple(x.shape))
-        if len(x.shape) > 1:
-            weight_shapes.add(tuple(x.shape[1:]))
+    weight_shapes = _weight_shapes(param_shapes(many), [int(v) for v in mesh.shape.values()])
     dec_rows, dec_len = (8, 128) if quick else (32, 1024)
     for profile in ("rollout", "train"):
         hlo, secs = _decode_program(many, um.plan, dec_rows, dec_len, profile)
@@ -216,9 +230,12 @@ def run(quick: bool = False, log=print, mesh_shape: tuple[int, int, int] = (1, 4
     figures["decode.rollout_params_per_device_bytes"] = float(_shard_bytes(
         _abstract(param_shapes(many), um.plan.rollout_params)))
 
-    if plan:
-        figures.update(memory_plan(plan_preset, mesh, tokens=plan_tokens, rows=plan_rows, device_gb=device_gb,
-                                   log=log))
+    if plan:  # the same update with and without layer rematerialization (learn.remat)
+        for remat in (False, True):
+            found = memory_plan(plan_preset, mesh, tokens=plan_tokens, rows=plan_rows, device_gb=device_gb,
+                                remat=remat, log=log)
+            figures.update(found if not remat else {k.replace("plan.", "plan_remat.", 1): v
+                                                    for k, v in found.items()})
     figures["device"] = jax.devices()[0].platform
     return figures
 
