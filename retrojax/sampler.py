@@ -45,6 +45,7 @@ import numpy as np
 from flax import nnx
 
 from retrojax.model.qwen3 import KVCache, Qwen3, init_cache
+from retrojax.parallel.rules import MeshFromArgs
 from retrojax.parallel.shard import place_cache
 from retrojax.sampling.distribution import row_keys, sample
 from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
@@ -501,8 +502,10 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
 
 
 # Module-level jits: samplers over models of the same architecture share compilations (graphdef is static).
-_prefill = jax.jit(_prefill_impl, static_argnums=(0,), donate_argnums=(2,), static_argnames=("window",))
-_next_logits = jax.jit(_next_logits_impl, static_argnums=(0,), donate_argnums=(2,),
-                       static_argnames=("window",))
-_decode = jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(2,),
-                  static_argnames=("out_len", "window"))
+# MeshFromArgs: on a multi-device mesh they trace under the rollout sharding rules (cache layout kept).
+_prefill = MeshFromArgs(jax.jit(_prefill_impl, static_argnums=(0,), donate_argnums=(2,),
+                                static_argnames=("window",)))
+_next_logits = MeshFromArgs(jax.jit(_next_logits_impl, static_argnums=(0,), donate_argnums=(2,),
+                                    static_argnames=("window",)))
+_decode = MeshFromArgs(jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(2,),
+                               static_argnames=("out_len", "window")))

@@ -144,3 +144,33 @@ def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
         return x
     spec = partition_spec(axes, x.shape, mesh, rules, strict=strict, what="activation")
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+class MeshFromArgs:
+    """Wrap a jitted function so it traces under the rollout rules of the mesh its arguments live on.
+
+    The sampler's module-level jits use this: with weights and cache on a multi-device mesh, the forward's
+    constraints (KV-cache rows over data × fsdp, kv heads over tp) apply; on one device nothing changes.
+    """
+
+    def __init__(self, fn: Any, rules: Rules | None = None):
+        self.fn = fn
+        self.rules = ROLLOUT_RULES if rules is None else rules
+
+    def _context(self, args: Any, kwargs: Any) -> Any:
+        for leaf in jax.tree.leaves((args, kwargs)):
+            sharding = getattr(leaf, "sharding", None)
+            if isinstance(sharding, NamedSharding) and sharding.mesh.devices.size > 1:
+                return activation_sharding(sharding.mesh, self.rules)
+        return contextlib.nullcontext()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._context(args, kwargs):
+            return self.fn(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        with self._context(args, kwargs):
+            return self.fn.lower(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fn, name)
