@@ -81,7 +81,8 @@ class TrialConfig:
     history_events: int = 4  # branch events shown in each user turn
     p1_max_turns: int = 0  # P@1 only: cap on execution turns (0: off, the 60-call ceiling alone; ours)
     max_segments: int = 0  # forward-segment cap counting both recovery types (C.4; 0: off)
-    memory: str = "reflection"  # reflection (the paper) | raw_suffix (ablation: the abandoned suffix, no call)
+    # reflection (the paper) | raw_suffix (ablation: the abandoned suffix, no call)
+    memory: str = "reflection"
 
 
 @dataclasses.dataclass(frozen=True)

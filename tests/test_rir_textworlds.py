@@ -19,7 +19,8 @@ pytestmark = pytest.mark.textworlds
 
 
 @pytest.mark.parametrize(
-    "world, split", [("scienceworld", "scienceworld-find-living-thing:test"), ("alfworld", "alfworld-gen:test")]
+    "world, split",
+    [("scienceworld", "scienceworld-find-living-thing:test"), ("alfworld", "alfworld-gen:test")],
 )
 def test_rir_restores_by_replay_without_divergence(world, split, tmp_path):
     cfg = config.load(
