@@ -35,7 +35,7 @@ def trainer(out_dir, mesh, extra=None):
     cfg = from_dict({
         "model": {"preset": "tiny"},
         "mesh": {"data": mesh[0], "fsdp": mesh[1], "tp": mesh[2]},
-        "learn": {"updates": 2, "tasks_per_update": 4, "seq_buckets": [40], "max_batch_tokens": 40 * 16,
+        "learn": {"updates": 2, "tasks_per_update": 4, "seq_buckets": [40], "max_batch_tokens": 40 * 64,
                   "learning_rate": 1e-4, "logprob_chunk": 16, "check_logprobs": False},
         "eval": {"every": 0},
         "run": {"out_dir": str(out_dir), "seed": 7, "keep_checkpoints": 2},

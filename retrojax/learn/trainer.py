@@ -259,7 +259,8 @@ class Trainer:
         rng = np.random.default_rng([self.cfg.run.seed, self.iteration])
         lc = self.learn
         plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
-                            max_batch_tokens=lc.max_batch_tokens, minibatches=lc.minibatches,
+                            max_batch_tokens=max(1, lc.max_batch_tokens // jax.process_count()),
+                            minibatches=lc.minibatches,
                             chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng)
         if jax.process_count() > 1:  # every process: the same number and shapes of microbatches
             from retrojax.parallel.shares import agree
