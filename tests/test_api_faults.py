@@ -26,7 +26,7 @@ class FakeServer:
     one repeating. Behaviours: ``ok``, ``429``, ``500``, ``400``, ``context``, ``slow``, ``close``,
     ``badjson``, ``nochoices``."""
 
-    def __init__(self, script: list[str], slow_s: float = 1.0):
+    def __init__(self, script: list[str], slow_s: float = 0.6):
         self.script, self.slow_s = list(script), slow_s
         self.seen: list[dict] = []
         fake = self
@@ -100,7 +100,7 @@ class FakeServer:
 
 def _cfg(base_url: str, *extra: str):
     return config_lib.load("configs/sokoban_tiny.yaml", [
-        f"api.base_url={base_url}", "api.backoff_s=0.0", "api.timeout_s=0.5", "api.retries=2",
+        f"api.base_url={base_url}", "api.backoff_s=0.0", "api.timeout_s=0.3", "api.retries=2",
         "trial.max_calls=3", *extra])
 
 

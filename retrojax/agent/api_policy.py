@@ -126,9 +126,9 @@ class ApiPolicy(Policy):
         self.concurrency, self.retries = concurrency, retries
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.sleep = time.sleep  # tests replace it
-        self.protocol_of: dict[int, str] = {}
-        self.usage: dict[int, Usage] = {}
-        self.calls_seen: dict[int, int] = {}
+        self.protocol_of: dict[int, str] = {}  # trial → protocol, for the batch in progress
+        self.usage: dict[tuple[str, int], Usage] = {}  # (protocol, trial) → usage (trial ids restart per run)
+        self.calls_seen: dict[tuple[str, int], int] = {}
         self.failures: list[dict[str, Any]] = []
         self.errors: dict[str, int] = {}
 
@@ -159,12 +159,14 @@ class ApiPolicy(Policy):
             outs = list(pool.map(self._answer, requests))
         gens = []
         for req, (gen, usage, failure) in zip(requests, outs, strict=True):
-            index = self.calls_seen.get(req.trial, 0)
-            self.calls_seen[req.trial] = index + 1
-            self.usage.setdefault(req.trial, Usage()).add(usage)
+            key = (self.protocol_of.get(req.trial, "?"), req.trial)
+            index = self.calls_seen.get(key, 0)
+            self.calls_seen[key] = index + 1
+            self.usage.setdefault(key, Usage()).add(usage)
             if failure is not None:
-                self.failures.append({"trial": req.trial, "call_index": index, "role": req.role,
-                                      "reason": failure.reason, "attempts": usage.retries + 1})
+                self.failures.append({"protocol": key[0], "trial": req.trial, "call_index": index,
+                                      "role": req.role, "reason": failure.reason,
+                                      "attempts": usage.retries + 1})
             gens.append(gen)
         return gens
 
@@ -238,11 +240,12 @@ class ApiPolicy(Policy):
     # --- results ---------------------------------------------------------------------------------------
     def annotate(self, archive: Any) -> int:
         """Write each failed request's reason onto its call in ``archive`` (``invalid_reason``, ``valid``
-        False); returns how many calls were marked."""
-        calls = {(c.trial, c.call_index): c for c in archive.calls}
+        False); returns how many calls were marked. The archive's trials name their protocol."""
+        protocol = {t.trial: t.protocol for t in archive.trials}
+        calls = {(protocol.get(c.trial), c.trial, c.call_index): c for c in archive.calls}
         marked = 0
         for f in self.failures:
-            call = calls.get((f["trial"], f["call_index"]))
+            call = calls.get((f["protocol"], f["trial"], f["call_index"]))
             if call is not None:
                 call.valid = False
                 call.invalid_reason = f"api request failed: {f['reason']}"
@@ -254,9 +257,8 @@ class ApiPolicy(Policy):
         total = Usage()
         by_protocol: dict[str, Usage] = {}
         trials: dict[str, int] = {}
-        for trial, u in self.usage.items():
+        for (name, _), u in self.usage.items():
             total.add(u)
-            name = self.protocol_of.get(trial, "?")
             by_protocol.setdefault(name, Usage()).add(u)
             trials[name] = trials.get(name, 0) + 1
         per_protocol = {
@@ -266,7 +268,7 @@ class ApiPolicy(Policy):
             for name, u in sorted(by_protocol.items())}
         return {"model": self.model, "base_url": self.base_url, "usage": dataclasses.asdict(total),
                 "protocols": per_protocol,
-                "trials": {str(t): dataclasses.asdict(u) for t, u in sorted(self.usage.items())},
+                "trials": {f"{p}/{t}": dataclasses.asdict(u) for (p, t), u in sorted(self.usage.items())},
                 "errors": dict(sorted(self.errors.items())), "failures": list(self.failures)}
 
 

@@ -175,8 +175,10 @@ class BackgroundServer:
 
 
 def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, *, rows: int = 16,
-                max_len: int = 2048, chunk_steps: int = 4, dtype: str = "float32", seed: int = 0) -> Engine:
-    """An engine over a Hugging Face Qwen3 directory (config.json + safetensors + tokenizer files)."""
+                max_len: int = 2048, chunk_steps: int = 4, dtype: str = "float32", seed: int = 0,
+                min_window: int = 256) -> Engine:
+    """An engine over a Hugging Face Qwen3 directory (config.json + safetensors + tokenizer files).
+    ``min_window``: the smallest attention window compiled for (``max_len``: one decode compilation)."""
     import jax.numpy as jnp
 
     from retrojax.model.checkpoint import from_pretrained
@@ -186,7 +188,7 @@ def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, 
     tokenizer = load_tokenizer(Path(tokenizer_dir or model_dir))
     buckets = tuple(b for b in (32, 128, 512, 2048) if b < max_len) + (max_len,)
     return Engine(model, tokenizer, rows=rows, max_len=max_len, chunk_steps=chunk_steps, seed=seed,
-                  chunk_buckets=buckets)
+                  chunk_buckets=buckets, min_window=min_window)
 
 
 def main(args: argparse.Namespace) -> int:

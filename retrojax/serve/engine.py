@@ -7,6 +7,10 @@ requests that finished (stop token, stop string, ``max_tokens``, full row) or we
 that arrives while others decode joins them at the next chunk boundary — at most ``chunk_steps`` tokens
 later (1 = the next decode step) — and never waits for the batch to drain.
 
+Rows remember their last conversation: a new request goes to the free row that shares the longest prefix
+with its prompt, which is rewound to that prefix (no compute) so only the rest is prefilled — an agent's next
+turn re-sends its whole conversation, and only the new turns cost prefill.
+
 Stop strings are matched on host in the decoded text (OpenAI semantics: the reply ends before the stop
 string); the row may have decoded a few tokens past it inside the chunk, which are dropped with the row.
 Streaming holds back the tail that could still become a stop string and any incomplete UTF-8 character.
@@ -21,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from retrojax.sampler import Sampler
 from retrojax.sampling.stops import first_stop_token_index
@@ -52,10 +57,12 @@ class Engine:
     """See the module docstring. ``rows``: requests decoded together; ``max_len``: prompt + reply tokens."""
 
     def __init__(self, model: Any, tokenizer: Any, *, rows: int = 16, max_len: int = 2048,
-                 chunk_steps: int = 4, seed: int = 0, chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048)):
+                 chunk_steps: int = 4, seed: int = 0, chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048),
+                 min_window: int = 256):
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
-        self.sampler = Sampler(model, rows=rows, max_len=max_len, tokenizer=None, chunk_buckets=chunk_buckets)
+        self.sampler = Sampler(model, rows=rows, max_len=max_len, tokenizer=None, chunk_buckets=chunk_buckets,
+                               min_window=min(min_window, max_len))
         self.tokenizer = tokenizer
         self.stop_ids = [int(i) for i in tokenizer.stop_token_ids if int(i) < model.config.vocab_size]
         self.chunk_steps = chunk_steps
@@ -66,7 +73,8 @@ class Engine:
         self._running = False
         self._thread: threading.Thread | None = None
         self.stats = {"requests": 0, "finished": 0, "failed": 0, "decode_calls": 0, "max_running": 0,
-                      "joined_running_batch": 0, "generated_tokens": 0}
+                      "joined_running_batch": 0, "generated_tokens": 0, "prompt_tokens": 0,
+                      "prefix_reused_tokens": 0}
 
     @property
     def rows(self) -> int:
@@ -135,7 +143,8 @@ class Engine:
                 while self._waiting and free:
                     job = self._waiting.popleft()
                     if not job.cancelled:
-                        row = free.pop(0)
+                        row = max(free, key=lambda r, job=job: (self._common_prefix(r, job.prompt), -r))
+                        free.remove(row)
                         self._active[row] = job
                         admitted.append((row, job))
                 if running_before and admitted:
@@ -153,9 +162,17 @@ class Engine:
 
     def _step(self, admitted: list[tuple[int, Job]], active: dict[int, Job]) -> None:
         if admitted:
-            for row, _ in admitted:
-                self.sampler.reset(row)
-            self.sampler.append([r for r, _ in admitted], [j.prompt for _, j in admitted])
+            rows, chunks = [], []
+            for row, job in admitted:
+                common = self._common_prefix(row, job.prompt)
+                self.sampler.rewind(row, common)
+                self.stats["prompt_tokens"] += len(job.prompt)
+                self.stats["prefix_reused_tokens"] += common
+                if common < len(job.prompt):
+                    rows.append(row)
+                    chunks.append(job.prompt[common:])
+            if rows:
+                self.sampler.append(rows, chunks)
         for row, job in list(active.items()):
             if job.cancelled:
                 self._finish_row(row, job, None)
@@ -175,6 +192,15 @@ class Engine:
             self.stats["generated_tokens"] += int(gen.ids.size)
             self._progress(row, job, stopped_on_token=gen.finish_reason == "stop",
                            row_full=gen.ids.size < limit)
+
+    def _common_prefix(self, row: int, prompt: list[int]) -> int:
+        """Leading tokens ``row``'s cached conversation shares with ``prompt`` (at most ``len(prompt)``)."""
+        cached = self.sampler.tokens(row)
+        n = min(cached.size, len(prompt))
+        if n == 0:
+            return 0
+        diff = np.nonzero(cached[:n] != np.asarray(prompt[:n], dtype=cached.dtype))[0]
+        return int(diff[0]) if diff.size else n
 
     def _progress(self, row: int, job: Job, *, stopped_on_token: bool, row_full: bool) -> None:
         """New text for ``job``; finish it when it stopped or reached a limit."""
