@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("sampler", "retrojax.bench.sampler:main", "KV-cache sampler vs transformers and re-prefill"),
         ("update", "retrojax.bench.update:main", "jitted GRPO update vs bare forward+backward"),
         ("textworlds", "retrojax.bench.textworlds:main", "ScienceWorld / ALFWorld bridge"),
+        ("serve", "retrojax.bench.serve:main", "retrojax serve: tokens/s, 1/8/32 clients vs one at a time"),
         ("learn", "retrojax.bench.learn:main", "SFT then K ReTRAIL updates on CPU: does success rise?"),
         ("parallel", "retrojax.bench.parallel:main", "mesh: per-device FLOPs/memory, collectives, 4B plan"),
     ]:
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     # --- eval --------------------------------------------------------------------------------
     ev = sub.add_parser("eval", help="run trials with a policy under protocols and report success")
     _add_config_args(ev, default="configs/sokoban.yaml")
-    ev.add_argument("--policy", default="oracle:0.3", help="random | oracle:EPS | model:DIR")
+    ev.add_argument("--policy", default="oracle:0.3",
+                    help="random | oracle:EPS | model:DIR | api:MODEL (the api: section's endpoint)")
     ev.add_argument("--protocol", action="append", default=None,
                     help="P@1 | T@1 | T@3 | T@k (repeatable or comma-separated)")
     ev.add_argument("--split", default=None, help="NAME:train|test (default: the config's)")
