@@ -215,6 +215,7 @@ class ApiConfig:
     top_p: float = 1.0
     max_tokens: int | None = None  # None: each request's own limit (sampler / rir token settings)
     stop: tuple[str, ...] = ("</action>",)
+    enable_thinking: bool | None = None  # Qwen3 via chat_template_kwargs (vLLM, SGLang, serve); None: unsent
     concurrency: int = 8  # requests of one tick in flight at once
     timeout_s: float = 60.0  # per HTTP request
     retries: int = 3  # extra attempts after a 429 / 5xx / timeout / dropped connection / malformed reply

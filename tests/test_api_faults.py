@@ -123,7 +123,13 @@ def test_429_then_200_is_retried_and_counted():
     assert rep["usage"]["requests"] == len(archive.calls)
     assert rep["usage"]["completion_tokens"] == 7 * len(archive.calls)
     assert fake.seen[0]["messages"][0]["role"] == "system" and fake.seen[0]["messages"][-1]["role"] == "user"
-    assert fake.seen[0]["stop"] == ["</action>"]
+    assert fake.seen[0]["stop"] == ["</action>"] and "chat_template_kwargs" not in fake.seen[0]
+
+
+def test_enable_thinking_is_sent_as_chat_template_kwargs():
+    with FakeServer(["ok"]) as fake:
+        _run(_cfg(fake.base_url, "api.enable_thinking=false", "trial.max_calls=1"))
+    assert fake.seen[0]["chat_template_kwargs"] == {"enable_thinking": False}
 
 
 @pytest.mark.parametrize(("script", "what"), [

@@ -182,3 +182,17 @@ def test_sampled_and_greedy_requests_share_a_batch_without_mixing_settings(clien
         replies = [f.result() for f in hot]
     assert cold.result().choices[0].message.content == solo
     assert all(r.usage.completion_tokens <= 8 for r in replies)
+
+
+def test_chat_template_kwargs_switch_qwen3_thinking(client, ckpt):
+    import transformers
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(ckpt))
+    for thinking in (True, False):
+        ids = tok.apply_chat_template(CHATS[1], tokenize=True, add_generation_prompt=True,
+                                      enable_thinking=thinking, return_dict=False)
+        switch = {"chat_template_kwargs": {"enable_thinking": thinking}}
+        got = _greedy(client, CHATS[1], n=2, extra_body=switch)
+        assert got.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError):
+        _greedy(client, CHATS[1], n=2, extra_body={"chat_template_kwargs": {"tools": []}})

@@ -109,7 +109,8 @@ class ApiPolicy(Policy):
 
     def __init__(self, model: str, *, base_url: str, api_key: str, default: CallSettings,
                  kinds: dict[str, CallSettings] | None = None, concurrency: int = 8, timeout_s: float = 60.0,
-                 retries: int = 3, backoff_s: float = 0.5, backoff_max_s: float = 8.0, client: Any = None):
+                 retries: int = 3, backoff_s: float = 0.5, backoff_max_s: float = 8.0, client: Any = None,
+                 enable_thinking: bool | None = None):
         if concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0 or backoff_max_s < 0:
             raise ValueError("api: needs concurrency >= 1, retries >= 0, timeout_s > 0 and backoffs >= 0")
         if not model:
@@ -125,6 +126,7 @@ class ApiPolicy(Policy):
         self.default, self.kinds = default, dict(kinds or {})
         self.concurrency, self.retries = concurrency, retries
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
+        self.enable_thinking = enable_thinking
         self.sleep = time.sleep  # tests replace it
         self.protocol_of: dict[int, str] = {}  # trial → protocol, for the batch in progress
         self.usage: dict[tuple[str, int], Usage] = {}  # (protocol, trial) → usage (trial ids restart per run)
@@ -139,7 +141,8 @@ class ApiPolicy(Policy):
         key = os.environ.get(api.api_key_env, "") if api.api_key_env else ""
         return cls(model or api.model or "", base_url=api.base_url, api_key=key or "EMPTY", default=default,
                    kinds=kinds, concurrency=api.concurrency, timeout_s=api.timeout_s, retries=api.retries,
-                   backoff_s=api.backoff_s, backoff_max_s=api.backoff_max_s, client=client)
+                   backoff_s=api.backoff_s, backoff_max_s=api.backoff_max_s, client=client,
+                   enable_thinking=api.enable_thinking)
 
     # --- the policy interface --------------------------------------------------------------------------
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: Any) -> None:
@@ -216,6 +219,8 @@ class ApiPolicy(Policy):
                                   "temperature": settings.temperature, "top_p": settings.top_p}
         if settings.stop:
             kwargs["stop"] = list(settings.stop)
+        if self.enable_thinking is not None:  # Qwen3's switch on vLLM / SGLang / retrojax serve
+            kwargs["extra_body"] = {"chat_template_kwargs": {"enable_thinking": self.enable_thinking}}
         try:
             reply = self.client.chat.completions.create(**kwargs)
         except openai.APIStatusError as e:

@@ -79,7 +79,7 @@ def create_app(engine: Engine, model_name: str) -> Any:
             if req.model != model_name:
                 raise APIError(404, f"the model '{req.model}' does not exist; this server serves "
                                f"'{model_name}'", param="model", code="model_not_found")
-            prompt = render_prompt(engine.tokenizer, req.messages)
+            prompt = render_prompt(engine.tokenizer, req.messages, req.enable_thinking)
             if len(prompt) >= engine.max_len:
                 raise APIError(400, f"the prompt has {len(prompt)} tokens; this server's context is "
                                f"{engine.max_len} tokens (prompt + reply)", param="messages",

@@ -20,7 +20,7 @@ _IGNORED = frozenset({"user", "metadata", "store", "parallel_tool_calls", "servi
                       "presence_penalty", "frequency_penalty", "logit_bias", "n", "logprobs",
                       "top_logprobs", "seed", "response_format", "tools", "tool_choice", "reasoning_effort"})
 _KNOWN = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-                    "top_k", "stop", "stream"}) | _IGNORED
+                    "top_k", "stop", "stream", "chat_template_kwargs"}) | _IGNORED
 
 
 class APIError(Exception):
@@ -49,6 +49,7 @@ class ChatRequest:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    enable_thinking: bool | None = None  # chat_template_kwargs.enable_thinking (None: the server's default)
 
 
 def _bad(message: str, param: str, code: str = "invalid_value") -> APIError:
@@ -149,6 +150,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     options = body.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise _bad("'stream_options' must be an object", "stream_options", "invalid_type")
+    template_kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(template_kwargs, Mapping) or set(template_kwargs) - {"enable_thinking"} \
+            or not isinstance(template_kwargs.get("enable_thinking", False), bool):
+        raise _bad("'chat_template_kwargs' supports only {'enable_thinking': bool}", "chat_template_kwargs")
     max_tokens = _int(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 1)
@@ -158,6 +163,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         top_k=max(_int(body, "top_k", -1) or 0, 0),  # 0 or -1 (vLLM's spelling): no top-k
         stop=_stop(body.get("stop")), stream=stream, include_usage=bool(options.get("include_usage")),
+        enable_thinking=template_kwargs.get("enable_thinking"),
     )
 
 

@@ -24,15 +24,19 @@ def template_name(tokenizer: Any) -> str:
     return "the tokenizer's chat_template" if _hf_tokenizer(tokenizer) is not None else "Qwen3 chat format"
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> list[int]:
-    """Prompt ids ending with the opened assistant turn; a template that rejects the messages is a 400."""
+def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]],
+                  thinking: bool | None = None) -> list[int]:
+    """Prompt ids ending with the opened assistant turn; a template that rejects the messages is a 400.
+    ``thinking`` None: the tokenizer's own mode (non-thinking unless it was loaded with ``thinking=True``)."""
     hf = _hf_tokenizer(tokenizer)
+    if thinking is None:
+        thinking = bool(getattr(tokenizer, "thinking", False))
     try:
         if hf is None:
-            return [int(i) for i in tokenizer.encode_chat(list(messages), add_generation_prompt=True)]
+            return [int(i) for i in tokenizer.encode_chat(list(messages), add_generation_prompt=True,
+                                                          thinking=thinking)]
         out = hf.apply_chat_template(list(messages), tokenize=True, add_generation_prompt=True,
-                                     enable_thinking=bool(getattr(tokenizer, "thinking", False)),
-                                     return_dict=False)
+                                     enable_thinking=thinking, return_dict=False)
     except (ValueError, TypeError, KeyError) as e:
         raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from e
     except Exception as e:  # jinja's TemplateError (raise_exception in a template) has no common base here
