@@ -60,8 +60,8 @@ def test_rows_follow_rewound_conversations(tiny):
     (g4,) = policy.generate([_request(0, a3)])
     assert np.array_equal(policy.sampler.tokens(0), np.concatenate([a3, g4.output_ids]))
     assert np.array_equal(policy.sampler.tokens(1)[: len(b)], b)  # the other row is untouched
-    (g5,) = policy.generate([_request(1, np.arange(300) % 50)])  # no room left: a cut-off empty reply
-    assert g5.finish_reason == "length" and g5.output_ids.size == 0
+    (g5,) = policy.generate([_request(1, np.arange(300) % 50)])  # no room left: the trial must end
+    assert g5.finish_reason == "context" and g5.output_ids.size == 0
 
 
 def test_model_policy_smoke_run(tiny):

@@ -119,7 +119,7 @@ def test_real_trial_loop_smoke(tmp_path):
 
     cfg = load("configs/sokoban_tiny.yaml", [
         f"run.out_dir={tmp_path}", "learn.updates=1", "learn.tasks_per_update=1", "trial.trials_per_task=2",
-        "learn.kl_coef=0.01", "learn.seq_buckets=[1024]", "eval.every=-1", "env.num_tasks=4",
+        "learn.kl_coef=0.01", "learn.seq_buckets=[2048]", "eval.every=-1", "env.num_tasks=4",
         "trial.max_calls=3"])
     tr = Trainer(cfg, build_model(cfg), build_tokenizer(cfg), progress=False, tensorboard=False)
     try:

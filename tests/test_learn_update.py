@@ -50,15 +50,18 @@ def per_call_logprobs(model: Qwen3, calls) -> list[np.ndarray]:
 
 def reference_loss(archive, adv, new_lp: dict, clip_eps: float, lambda_ref: float) -> tuple[float, float]:
     """Eq. 19 in plain numpy from the archive: per task, mean over decisions of token-mean clipped surrogate
-    (A_cont) + λ_ref × mean over eligible reflections of token-mean surrogate (A_ref); mean over tasks."""
+    (A_cont) + λ_ref × one token mean over all eligible reflection tokens (A_ref); mean over tasks."""
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
-    per_task: dict[int, dict[str, list[float]]] = defaultdict(lambda: {"exec": [], "ref": []})
+    per_task: dict[int, dict[str, list]] = defaultdict(lambda: {"exec": [], "ref": []})
     for cr in adv.credits:
         key = (cr.task, cr.trial, cr.call_index)
         c = calls[key]
         ratio = np.exp(new_lp[key].astype(np.float64) - np.asarray(c.logprobs, np.float64))
         surr = np.minimum(ratio * cr.advantage, np.clip(ratio, 1 - clip_eps, 1 + clip_eps) * cr.advantage)
-        per_task[cr.task]["exec" if cr.role == EXECUTION else "ref"].append(float(surr.mean()))
+        if cr.role == EXECUTION:
+            per_task[cr.task]["exec"].append(float(surr.mean()))
+        else:
+            per_task[cr.task]["ref"].extend(surr.tolist())  # tokens of every reflection, pooled
     ex = [-np.mean(v["exec"]) if v["exec"] else 0.0 for v in per_task.values()]
     rf = [-lambda_ref * np.mean(v["ref"]) if v["ref"] else 0.0 for v in per_task.values()]
     return float(np.mean(ex)), float(np.mean(rf))
