@@ -93,6 +93,10 @@ class _SafetensorsFile:
         buf = np.frombuffer(self._map, dtype=np.uint8, count=end - begin, offset=self.data_start + begin)
         return buf.view(dtype).reshape(info["shape"])
 
+    def get_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        """A copy of ``tensor[index]`` that touches only the mapped pages holding that block."""
+        return np.array(self.get(name)[index])
+
     def close(self) -> None:
         if self._map is not None:
             self._map.close()
@@ -159,6 +163,9 @@ class _Checkpoint:
     def get(self, name: str) -> np.ndarray:
         return self.files[self.where[name]].get(name)
 
+    def get_slice(self, name: str, index: tuple[slice, ...]) -> np.ndarray:
+        return self.files[self.where[name]].get_slice(name, index)
+
     def close(self) -> None:
         for f in self.files.values():
             f.close()
@@ -203,6 +210,67 @@ def _to_hf(name: str, w: np.ndarray) -> np.ndarray:
     if name in ("q", "k", "v"):  # [H, heads, D] -> [heads * D, H]
         return w.reshape(w.shape[0], -1).T
     return w.reshape(-1, w.shape[-1]).T  # o: [N, D, H] -> [H, N * D]; 2-D: transpose
+
+
+def _bounds(index: tuple[slice, ...], shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """Device index slices (start/stop may be None) as explicit unit-step slices over ``shape``."""
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    out = []
+    for sl, n in zip(index, shape, strict=True):
+        start, stop, step = sl.indices(n)
+        if step != 1:
+            raise CheckpointError(f"sharded load needs unit-step shard slices, got {sl}")
+        out.append(slice(start, stop))
+    return tuple(out)
+
+
+def _read_ours_block(ckpt: _Checkpoint, hf: str, name: str, block: tuple[slice, ...],
+                     ours: tuple[int, ...]) -> np.ndarray:
+    """``_to_ours(name, tensor hf)[block]``, reading only the source rows/columns that block needs.
+
+    ``ours`` is our (per-layer) shape; ``block`` unit-step slices over it. Transposed weights slice the source
+    on the swapped axes; q/k/v/o read the whole-head row/column range covering the block's heads.
+    """
+    if name.endswith("norm") or name in ("embed", "final_norm", "lm_head"):
+        return ckpt.get_slice(hf, block)
+    if name in ("q", "k", "v"):  # ours [H, heads, D] = w[heads * D, H].T
+        sh, sn, sd = block
+        d = ours[2]
+        w = ckpt.get_slice(hf, (slice(sn.start * d, sn.stop * d), sh))
+        return w.T.reshape(sh.stop - sh.start, sn.stop - sn.start, d)[:, :, sd]
+    if name == "o":  # ours [N, D, H] = w[H, N * D].T
+        sn, sd, sh = block
+        d = ours[1]
+        w = ckpt.get_slice(hf, (sh, slice(sn.start * d, sn.stop * d)))
+        return w.T.reshape(sn.stop - sn.start, d, sh.stop - sh.start)[:, sd, :]
+    a, b = block  # gate/up/down: ours = w.T
+    return ckpt.get_slice(hf, (b, a)).T
+
+
+def _load_sharded(ckpt: _Checkpoint, hf_names: list[str], name: str, shape: tuple[int, ...],
+                  sharding: NamedSharding, np_dtype: np.dtype) -> jax.Array:
+    """One parameter as a global array, built from this process's addressable shards only.
+
+    ``hf_names`` is [the tensor] for a top-level param or one tensor per layer for a stacked layer param
+    (axis 0 = layer). Replicas of a block are read once.
+    """
+    layered = name in _LAYER_HF
+    blocks: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+    arrays = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        block = _bounds(index, shape)
+        key = tuple((sl.start, sl.stop) for sl in block)
+        if key not in blocks:
+            if layered:
+                parts = [_read_ours_block(ckpt, hf_names[i], name, block[1:], shape[1:])
+                         for i in range(block[0].start, block[0].stop)]
+                local = np.stack(parts) if parts else np.empty(
+                    (0, *(sl.stop - sl.start for sl in block[1:])))
+            else:
+                local = _read_ours_block(ckpt, hf_names[0], name, block, shape)
+            blocks[key] = np.ascontiguousarray(local.astype(np_dtype))
+        arrays.append(jax.device_put(blocks[key], device))
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
 def _expected(config: Qwen3Config, model: Qwen3) -> Iterator[tuple[str, str, int | None, tuple[int, ...]]]:
@@ -280,6 +348,18 @@ def from_pretrained(path: str | Path, dtype: Any = jnp.float32, mesh: Mesh | Non
                                       f"config implies {shape}")
 
         np_dtype = np.dtype(dtype)
+        if mesh is not None:
+            # each process reads only the blocks its addressable devices hold (multi-host ready)
+            sources: dict[str, list[str]] = {}
+            for hf, name, _, _ in expected:
+                sources.setdefault(name, []).append(hf)
+            for name, hf_names in sources.items():
+                var = getattr(model.layers if name in _LAYER_HF else model, name)
+                shape = tuple(var.shape)
+                axes = tuple(var.get_metadata()["out_sharding"])
+                sharding = NamedSharding(mesh, partition_spec(axes, shape, mesh, rules))
+                var.set_value(_load_sharded(ckpt, hf_names, name, shape, sharding, np_dtype))
+            return model
         host: dict[str, np.ndarray] = {}
         for hf, name, layer, _ in expected:
             target = getattr(model.layers if layer is not None else model, name)
@@ -293,15 +373,7 @@ def from_pretrained(path: str | Path, dtype: Any = jnp.float32, mesh: Mesh | Non
         ckpt.close()
 
     for name, arr in host.items():
-        var = getattr(model.layers if name in _LAYER_HF else model, name)
-        if mesh is None:
-            value = jnp.asarray(arr)
-        else:
-            axes = tuple(var.get_metadata()["out_sharding"])
-            sharding = NamedSharding(mesh, partition_spec(axes, arr.shape, mesh, rules))
-            # each process builds only its addressable shards from the host copy (multi-host ready)
-            value = jax.make_array_from_callback(arr.shape, sharding, lambda index, arr=arr: arr[index])
-        var.set_value(value)
+        getattr(model.layers if name in _LAYER_HF else model, name).set_value(jnp.asarray(arr))
     return model
 
 
