@@ -14,13 +14,14 @@ from retrojax.parallel.testing import run_snippet
 
 _SNIPPET = """
 import json, sys
-import jax, numpy as np
+import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from retrojax.model import checkpoint as ck
 from retrojax.parallel.mesh import make_mesh
 
 path = sys.argv[1]
 plain = ck.from_pretrained(path)  # one device, whole-tensor reads
+plain_bf16 = ck.from_pretrained(path, dtype=jnp.bfloat16)
 
 reads = []
 def whole(self, name):
@@ -53,7 +54,24 @@ for key, var in flat_model.items():
     blocks = {tuple((s.start, s.stop) for s in ck._bounds(i, arr.shape))
               for i in arr.sharding.addressable_devices_indices_map(arr.shape).values()}
     specs[name].append(len(blocks))
-print(json.dumps({"mismatch": mismatch, "specs": specs, "reads": reads,
+train_reads = list(reads)
+
+# another plan: head_dim split over tp (q/k/v/o sliced inside a head), mlp over fsdp x tp, bf16
+rules = {**ck.DEFAULT_RULES, "embed": None, "heads": "fsdp", "kv_heads": "fsdp", "head_dim": "tp",
+         "mlp": ("fsdp", "tp")}
+other = ck.from_pretrained(path, dtype=jnp.bfloat16, mesh=mesh, rules=rules)
+flat_ref = dict(nnx.to_flat_state(nnx.state(plain_bf16, nnx.Param)))
+other_specs = {}
+for key, var in dict(nnx.to_flat_state(nnx.state(other, nnx.Param))).items():
+    arr, ref = var[...], np.asarray(flat_ref[key][...])
+    name = ".".join(map(str, key))
+    other_specs[name] = [None if a is None else str(a) for a in arr.sharding.spec]
+    if arr.dtype != jnp.bfloat16 or not np.array_equal(np.asarray(arr), ref):
+        mismatch.append("bf16 " + name)
+    for shard in arr.addressable_shards:
+        if not np.array_equal(np.asarray(shard.data), ref[shard.index]):
+            mismatch.append(f"bf16 {name} shard on {shard.device}")
+print(json.dumps({"mismatch": mismatch, "specs": specs, "reads": train_reads, "other_specs": other_specs,
                   "devices": jax.device_count()}))
 """
 
@@ -68,6 +86,9 @@ def test_sharded_load_reads_only_device_blocks(tmp_path):
     assert specs["embed"][:2] == ["tp", "fsdp"] and specs["embed"][2] == 4
     assert specs["layers.q"][:4] == [None, "fsdp", "tp", None]
     assert specs["layers.o"][:4] == [None, "tp", None, "fsdp"]
+    other = out["other_specs"]
+    assert other["layers.q"] == [None, None, "fsdp", "tp"] and other["layers.o"] == [None, "fsdp", "tp", None]
+    assert other["layers.gate"] == [None, None, "('fsdp', 'tp')"]
 
     per_tensor: dict[str, list[tuple[list[int], list[int]]]] = {}
     for name, got, full in out["reads"]:
