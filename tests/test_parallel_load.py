@@ -10,7 +10,7 @@ from __future__ import annotations
 from hf_fixtures import make_tiny_hf_checkpoint
 
 from retrojax.model.checkpoint import _LAYER_HF
-from retrojax.parallel.testing import run_snippet
+from retrojax.parallel.testing import run_processes, run_snippet
 
 _SNIPPET = """
 import json, sys
@@ -118,3 +118,51 @@ def _prod(shape: list[int]) -> int:
     for s in shape:
         out *= s
     return out
+
+
+_TWO_PROCESSES = """
+import json, os, sys
+import jax, numpy as np
+from flax import nnx
+from retrojax.config import from_dict
+from retrojax.parallel.distributed import setup
+setup(from_dict({"distributed": {"initialize": "on", "coordinator": os.environ["RETROJAX_COORDINATOR"],
+                                 "num_processes": 2, "process_id": int(os.environ["RETROJAX_PROCESS_ID"]),
+                                 "compile_cache": False}}))
+from retrojax.model import checkpoint as ck
+from retrojax.parallel.mesh import make_mesh
+
+path = PATH
+plain = ck.from_pretrained(path)
+reads = {}
+orig = ck._Checkpoint.get_slice
+def sliced(self, name, index):
+    out = orig(self, name, index)
+    reads.setdefault(name, [0, int(np.prod(self.shape(name)))])[0] += out.size
+    return out
+ck._Checkpoint.get_slice = sliced
+model = ck.from_pretrained(path, mesh=make_mesh(data=1, fsdp=4, tp=2))
+flat_plain = dict(nnx.to_flat_state(nnx.state(plain, nnx.Param)))
+bad = []
+for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    arr, ref = var[...], np.asarray(flat_plain[key][...])
+    if arr.is_fully_addressable and any(a is not None for a in arr.sharding.spec):
+        bad.append(f"{key} is not global")
+    for shard in arr.addressable_shards:
+        if not np.array_equal(np.asarray(shard.data), ref[shard.index]):
+            bad.append(f"{key} shard {shard.index}")
+print(json.dumps({"pid": jax.process_index(), "bad": bad, "reads": reads}))
+"""
+
+
+def test_each_process_reads_only_its_half(tmp_path):
+    path = make_tiny_hf_checkpoint(tmp_path, num_key_value_heads=2, tie_word_embeddings=False)
+    results = run_processes(_TWO_PROCESSES.replace("PATH", repr(str(path))), processes=2,
+                            devices_per_process=4, timeout=300)
+    assert [r["pid"] for r in results] == [0, 1]
+    for r in results:
+        assert r["bad"] == []
+        assert len(r["reads"]) == 3 + 2 * 11
+        for name, (got, whole) in r["reads"].items():
+            # (1, 4, 2) mesh: every weight is split 8 ways, 4 blocks per process; norms are replicated
+            assert got == (whole if name.endswith("norm.weight") else whole // 2), (name, got, whole)

@@ -321,7 +321,9 @@ def from_pretrained(path: str | Path, dtype: Any = jnp.float32, mesh: Mesh | Non
     """Load a Hugging Face Qwen3 checkpoint directory (config.json + safetensors) as a ``Qwen3``.
 
     With ``mesh``, each parameter is placed with the NamedSharding its logical axis names map to under
-    ``rules``. Missing/unexpected tensors and shape mismatches raise CheckpointError naming the tensor.
+    ``rules``, and each process reads only the blocks of each tensor its addressable devices hold (never a
+    sharded tensor whole). Missing/unexpected tensors and shape mismatches raise CheckpointError naming the
+    tensor.
     """
     path = Path(path)
     if not path.is_dir():
