@@ -63,6 +63,7 @@ class SamplerConfig:
     max_new_tokens: int = 256  # per execution call
     max_reflection_tokens: int = 384  # per reflection call
     chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048)
+    max_inflight: int = 0  # trials in flight per sampler (KV-cache rows); 0 = all trials of a batch at once
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,12 +4,14 @@ A policy answers a batch of :class:`~retrojax.agent.trial.Request` objects (one 
 :class:`~retrojax.agent.trial.Generation` each, in one call per tick. Its replies go through the same
 parser and budgets as a model's.
 
-- :class:`ModelPolicy`: one sampler row per trial slot. Each tick it brings every requested row in line
-  with the request's exact context ids (a rewound conversation becomes ``sampler.rewind`` to the common
-  prefix, then one batched ``append`` of the new turns) and makes one batched ``generate`` per kind of
-  call (execution / reflection). Output ids and log-probs are the sampler's. A reflection's context c_ref
-  is its own conversation, so the row is re-synced to the execution context on the next execution call. A
-  context that leaves no room in the row answers ``finish_reason="context"`` (the trial then ends).
+- :class:`ModelPolicy`: one sampler row per trial slot (slots are reused: the runner keeps at most
+  ``sampler.max_inflight`` trials live and starts queued ones in freed slots, see ``assign``). Each tick
+  it brings every requested row in line with the request's exact context ids (a rewound conversation
+  becomes ``sampler.rewind`` to the common prefix, then one batched ``append`` of the new turns) and makes
+  one batched ``generate`` per kind of call (execution / reflection). Output ids and log-probs are the
+  sampler's. A reflection's context c_ref is its own conversation, so the row is re-synced to the
+  execution context on the next execution call. A context that leaves no room in the row answers
+  ``finish_reason="context"`` (the trial then ends).
 - :class:`RandomPolicy`: well-formed random actions and occasional rewinds.
 - :class:`OraclePolicy`: the world's expert action (solver / deduction) with probability ``1 − ε`` and a
   random action otherwise. It notices when its own random action did not advance the branch (the world's
@@ -57,6 +59,12 @@ class Policy(abc.ABC):
         """``action`` in the reply format of the current world (tag or fenced block)."""
         return parse.format_action(action, getattr(self.env, "action_style", "tag"))
 
+    def assign(self, spec: TrialSpec, slot: int) -> None:  # noqa: B027  (optional hook)
+        """A queued trial starts in ``slot`` (freed by :meth:`release`) while the batch runs."""
+
+    def release(self, spec: TrialSpec, slot: int) -> None:  # noqa: B027  (optional hook)
+        """The trial ``spec`` in ``slot`` has ended; its per-trial state may go."""
+
     def end(self) -> None:  # noqa: B027  (optional hook; stateless policies keep nothing)
         """The batch is over (release per-trial state)."""
 
@@ -82,6 +90,12 @@ class RandomPolicy(Policy):
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         super().begin(specs, slots, env)
         self.rngs = {s.trial: _trial_rng(s, 1) for s in specs}
+
+    def assign(self, spec: TrialSpec, slot: int) -> None:
+        self.rngs[spec.trial] = _trial_rng(spec, 1)
+
+    def release(self, spec: TrialSpec, slot: int) -> None:
+        self.rngs.pop(spec.trial, None)
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         out = []
@@ -120,6 +134,13 @@ class OraclePolicy(Policy):
         super().begin(specs, slots, env)
         self.rngs = {s.trial: _trial_rng(s, 2) for s in specs}
         self.last_random = {}
+
+    def assign(self, spec: TrialSpec, slot: int) -> None:
+        self.rngs[spec.trial] = _trial_rng(spec, 2)
+
+    def release(self, spec: TrialSpec, slot: int) -> None:
+        self.rngs.pop(spec.trial, None)
+        self.last_random.pop(spec.trial, None)
 
     def end(self) -> None:
         self.rngs, self.last_random = {}, {}
@@ -242,6 +263,10 @@ class ModelPolicy(Policy):
                                    chunk_buckets=self.chunk_buckets)
         for s in slots:
             self.sampler.reset(s)
+
+    def assign(self, spec: TrialSpec, slot: int) -> None:
+        """A queued trial takes over ``slot``: its cache row starts empty."""
+        self.sampler.reset(slot)
 
     def _sync(self, requests: Sequence[Request]) -> None:
         """Bring each row to its request's context: rewind to the common prefix, append the rest."""

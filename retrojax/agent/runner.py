@@ -33,8 +33,13 @@ class Runner:
     """Runs batches of trials of one world with one policy (see the module docstring)."""
 
     def __init__(self, cfg: Any, env: TrialEnv, policy: Policy, *, tokenizer: Any = None,
-                 record_tokens: bool = True, prompt_style: str | None = None):
+                 record_tokens: bool = True, prompt_style: str | None = None,
+                 max_inflight: int | None = None):
         self.cfg, self.env, self.policy = cfg, env, policy
+        limit = getattr(cfg.sampler, "max_inflight", 0) if max_inflight is None else max_inflight
+        if limit < 0:
+            raise ValueError(f"max_inflight must be >= 0 (0 = all at once), got {limit}")
+        self.max_inflight = int(limit)
         self.limits = Limits.from_config(cfg)
         tok: ChatTokenizer | None = policy.tokenizer
         if tok is None and record_tokens:
@@ -48,32 +53,72 @@ class Runner:
         self._opened: tuple[int, int] | None = None
 
     def run(self, specs: Sequence[TrialSpec]) -> Archive:
-        """Run ``specs`` to the end in one batch (slot i holds specs[i]); returns their archive."""
+        """Run ``specs`` to the end; returns their archive (records in the order of ``specs``).
+
+        At most ``max_inflight`` trials are live at once (0: all of them); each one holds an env slot and
+        a policy slot (a model's KV-cache row). When a trial ends its slot is released and the next
+        queued spec starts there (continuous batching). Per-trial randomness is keyed by the spec, so the
+        records do not depend on the slot or on which trials share a tick.
+        """
         if not specs:
             return Archive()
         for s in specs:
             parse_protocol(s.protocol)
         n = len(specs)
-        shape = (n, self.limits.path_capacity())
+        width = n if self.max_inflight <= 0 else min(n, self.max_inflight)
+        shape = (width, self.limits.path_capacity())
         if self._opened != shape:
             self.env.open(*shape)
             self._opened = shape
-        slots = list(range(n))
-        trials = [Trial(spec, slot, self.env, self.limits, self.prompts, self.tokenizer, self.action_style)
-                  for spec, slot in zip(specs, slots, strict=True)]
-        infos = self.env.reset(slots, [s.task for s in specs])
-        obs = self.env.observations(slots) if self.prompts is not None else [""] * n
-        for t, info, o in zip(trials, infos, obs, strict=True):
-            t.start(info, o)
-        self.policy.begin(specs, slots, self.env)
+        trials: list[Trial | None] = [None] * n
+        active: dict[int, int] = {}  # slot -> index into specs
+        free = list(range(width))
+        queued = 0
+        begun = False
         try:
-            live = [t for t in trials if not t.done]
-            while live:
-                self._tick(live)
-                live = [t for t in live if not t.done]
+            while True:
+                for slot in [s for s, i in active.items() if trials[i].done]:
+                    release = getattr(self.policy, "release", None)  # optional for duck-typed policies
+                    if release is not None:
+                        release(specs[active[slot]], slot)
+                    del active[slot]
+                    free.append(slot)
+                if free and queued < n:
+                    free.sort()
+                    take = min(len(free), n - queued)
+                    slots, free = free[:take], free[take:]
+                    idx = list(range(queued, queued + take))
+                    queued += take
+                    self._start(specs, trials, idx, slots)
+                    if begun:
+                        if not hasattr(self.policy, "assign"):
+                            raise TypeError(f"{type(self.policy).__name__} has no assign(spec, slot): it "
+                                            "cannot run with max_inflight below the batch size")
+                        for i, slot in zip(idx, slots, strict=True):
+                            self.policy.assign(specs[i], slot)
+                    else:
+                        self.policy.begin([specs[i] for i in idx], slots, self.env)
+                        begun = True
+                    active.update(zip(slots, idx, strict=True))
+                    continue  # a trial may end at its start
+                if not active:
+                    break
+                self._tick([trials[i] for i in sorted(active.values())])
         finally:
-            self.policy.end()
-        return _collect(trials)
+            if begun:
+                self.policy.end()
+        return _collect([t for t in trials if t is not None])
+
+    def _start(self, specs: Sequence[TrialSpec], trials: list[Trial | None], idx: list[int],
+               slots: list[int]) -> None:
+        """Reset ``slots`` of the env to the tasks of ``specs[idx]`` and start those trials there."""
+        new = [Trial(specs[i], slot, self.env, self.limits, self.prompts, self.tokenizer, self.action_style)
+               for i, slot in zip(idx, slots, strict=True)]
+        infos = self.env.reset(slots, [specs[i].task for i in idx])
+        obs = self.env.observations(slots) if self.prompts is not None else [""] * len(slots)
+        for i, t, info, o in zip(idx, new, infos, obs, strict=True):
+            t.start(info, o)
+            trials[i] = t
 
     def _tick(self, live: list[Trial]) -> None:
         auto = [(t, op) for t in live if (op := t.auto_op()) is not None]  # rewinds without a model call
