@@ -53,6 +53,9 @@ def test_trials_through_the_server_keep_its_text_and_rewind_the_context(server):
     rep = policy.report()
     assert rep["usage"]["requests"] == len(archive.calls) and not rep["failures"]
     assert rep["usage"]["completion_tokens"] > 0 and rep["usage"]["prompt_tokens"] > 0
+    assert sum(t.completion_tokens for t in archive.trials) == rep["usage"]["completion_tokens"]
+    assert sum(t.prompt_tokens for t in archive.trials) == rep["usage"]["prompt_tokens"]
+    assert all(c.completion_tokens > 0 for c in archive.calls)
     assert {int(t.split("/")[1]): u["requests"] for t, u in rep["trials"].items()} == {
         t.trial: len(archive.calls_of(t.trial)) for t in archive.trials}
     assert engine.stats["prefix_reused_tokens"] > 0  # later turns reuse the row's cached conversation

@@ -122,6 +122,13 @@ def test_429_then_200_is_retried_and_counted():
     assert rep["usage"]["retries"] == 1 and rep["usage"]["failed"] == 0 and delays == [0.0]
     assert rep["usage"]["requests"] == len(archive.calls)
     assert rep["usage"]["completion_tokens"] == 7 * len(archive.calls)
+    assert all((c.prompt_tokens, c.completion_tokens) == (100, 7) for c in archive.calls)
+    for t in archive.trials:  # per-trial sums in the archive equal the server's reported usage
+        n = sum(c.trial == t.trial for c in archive.calls)
+        assert (t.prompt_tokens, t.completion_tokens) == (100 * n, 7 * n)
+        assert (t.prompt_tokens, t.completion_tokens) == (
+            rep["trials"][f"{t.protocol}/{t.trial}"]["prompt_tokens"],
+            rep["trials"][f"{t.protocol}/{t.trial}"]["completion_tokens"])
     assert fake.seen[0]["messages"][0]["role"] == "system" and fake.seen[0]["messages"][-1]["role"] == "user"
     assert fake.seen[0]["stop"] == ["</action>"] and "chat_template_kwargs" not in fake.seen[0]
 
@@ -145,8 +152,10 @@ def test_a_request_that_keeps_failing_becomes_a_counted_invalid_turn(script, wha
     assert rep["usage"]["failed"] == calls and rep["usage"]["retries"] == 2 * calls
     assert sum(t.invalid_turns for t in archive.trials) == calls
     assert all(what in f["reason"] and "after 3 attempts" in f["reason"] for f in rep["failures"])
-    assert policy.annotate(archive) == calls
-    assert all(not c.valid and c.invalid_reason.startswith("api request failed: ") for c in archive.calls)
+    reasons = {(f["trial"], f["call_index"]): f["reason"] for f in rep["failures"]}
+    assert all(not c.valid and c.invalid_reason == f"api request failed: {reasons[(c.trial, c.call_index)]}"
+               and what in c.invalid_reason for c in archive.calls)
+    assert all(c.prompt_tokens == c.completion_tokens == 0 for c in archive.calls)
     assert len(delays) == 2 * calls
 
 

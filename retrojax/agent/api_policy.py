@@ -11,9 +11,10 @@ with section-wide defaults. The requests of one tick run concurrently (at most `
 Rate limits (429), server errors (5xx), timeouts, dropped connections and malformed replies are retried with
 exponential backoff (``Retry-After`` honoured, capped) up to ``api.retries`` times, and counted. A request
 that still fails returns an empty reply — the trial counts it as an invalid turn — and its reason is kept
-(:attr:`ApiPolicy.failures`, and on the call's ``invalid_reason`` through :meth:`ApiPolicy.annotate`); the
+(:attr:`ApiPolicy.failures`, and as ``Generation.error`` → the call's ``invalid_reason``); the
 batch always completes. A prompt the server says is too long ends that trial (``finish_reason='context'``).
-Token usage the server reports is summed per trial and per protocol (:meth:`ApiPolicy.report`).
+Token usage the server reports rides on each ``Generation.usage`` into the archive's call and trial records
+(``prompt_tokens``/``completion_tokens``) and is also summed per protocol (:meth:`ApiPolicy.report`).
 
 OpenAI-style servers return the text *before* a stop string; the policy puts back the stop string the
 server names (``stop_reason``, as vLLM and ``retrojax serve`` report it) or, without one, the closing tag a
@@ -170,6 +171,8 @@ class ApiPolicy(Policy):
                 self.failures.append({"protocol": key[0], "trial": req.trial, "call_index": index,
                                       "role": req.role, "reason": failure.reason,
                                       "attempts": usage.retries + 1})
+            gen.usage = (usage.prompt_tokens, usage.completion_tokens)
+            gen.error = failure.reason if failure is not None and not failure.context else ""
             gens.append(gen)
         return gens
 
@@ -243,20 +246,6 @@ class ApiPolicy(Policy):
         return _read_reply(reply, settings.stop)
 
     # --- results ---------------------------------------------------------------------------------------
-    def annotate(self, archive: Any) -> int:
-        """Write each failed request's reason onto its call in ``archive`` (``invalid_reason``, ``valid``
-        False); returns how many calls were marked. The archive's trials name their protocol."""
-        protocol = {t.trial: t.protocol for t in archive.trials}
-        calls = {(protocol.get(c.trial), c.trial, c.call_index): c for c in archive.calls}
-        marked = 0
-        for f in self.failures:
-            call = calls.get((f["protocol"], f["trial"], f["call_index"]))
-            if call is not None:
-                call.valid = False
-                call.invalid_reason = f"api request failed: {f['reason']}"
-                marked += 1
-        return marked
-
     def report(self) -> dict[str, Any]:
         """Usage and failures: totals, per protocol (per-trial means) and per trial."""
         total = Usage()

@@ -66,6 +66,8 @@ class CallRecord:
     logprobs: np.ndarray  # float32 [O]
     output_text: str = ""
     finish_reason: str = "stop"  # stop | length (a cut-off reply: an invalid turn)
+    prompt_tokens: int = 0  # tokens a served model reported for this call (0 for local models)
+    completion_tokens: int = 0
     action: str = ""  # the parsed action as text ("up, left", "(2, 3)", "rewind to C_1", a command)
     valid: bool = True
     invalid_reason: str = ""
@@ -121,6 +123,8 @@ class TrialRecord:
     calls_execution: int = 0
     calls_reflection: int = 0
     invalid_turns: int = 0
+    prompt_tokens: int = 0  # sums over the trial's calls of a served model's reported usage
+    completion_tokens: int = 0
     rewinds_model: int = 0
     rewinds_forced: int = 0
     macro_attempts: int = 1

@@ -193,6 +193,8 @@ class Generation:
     output_ids: np.ndarray | None = None
     logprobs: np.ndarray | None = None
     finish_reason: str = "stop"  # stop | length (cut off: an invalid turn) | context (no room: trial ends)
+    usage: tuple[int, int] | None = None  # (prompt, completion) tokens a server reported; None if local
+    error: str = ""  # why a served request failed ("" if it did not): the turn is invalid with this reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,6 +421,10 @@ class Trial:
             prompt_ids=req.prompt_ids, output_ids=out_ids, logprobs=logprobs, output_text=gen.text,
             finish_reason=gen.finish_reason,
         )
+        if gen.usage is not None:
+            call.prompt_tokens, call.completion_tokens = int(gen.usage[0]), int(gen.usage[1])
+            self.record.prompt_tokens += call.prompt_tokens
+            self.record.completion_tokens += call.completion_tokens
         self.calls.append(call)
         self.calls_used += 1
         if req.role == EXECUTION:
@@ -437,6 +443,9 @@ class Trial:
         self.segment.calls.append(call.call_index)
         self.path_calls.append((self.k, call.call_index))
         self.note = ""
+        if gen.error:
+            self._invalid(call, f"api request failed: {gen.error}", "")
+            return None
         if gen.finish_reason == "length":
             self._invalid(call, "the reply was cut off at its token limit before it finished", "")
             return None
@@ -564,8 +573,12 @@ class Trial:
         rec["call"] = call.call_index
         rec["remark"] = parse.memory_from_reflection(gen.text, self.limits.remark_max_chars)
         rec["fallback"] = False
+        if gen.error:
+            call.valid, call.invalid_reason = False, f"api request failed: {gen.error}"
         if kind == REFLECT_CHOOSE:
             action = parse.parse_output(gen.text, _rewind_only, self.action_style)
+            if gen.error:
+                action = parse.invalid(call.invalid_reason, gen.text)
             if action.is_rewind and 0 <= action.target < self.k:
                 rec["target"] = action.target
             elif self.limits.fallback == "end":
