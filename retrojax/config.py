@@ -186,7 +186,8 @@ class MeshConfig:
 class DistributedConfig:
     """Multi-process runs through jax.distributed (one process per host or per GPU)."""
 
-    initialize: str = "auto"  # auto (when a coordinator or a cluster is detected) | on | off
+    # auto (when a coordinator or a cluster is detected) | on | off (YAML reads a bare on/off as a bool)
+    initialize: str | bool = "auto"
     coordinator: str | None = None  # host:port of process 0
     num_processes: int | None = None
     process_id: int | None = None

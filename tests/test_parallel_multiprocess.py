@@ -127,3 +127,14 @@ def test_two_processes_match_one_process(tmp_path):
     for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), b, atol=1e-5)
     again.close()
+
+
+
+@pytest.mark.parametrize("raw, want", [("on", True), ("off", False), ("true", True), ("auto", False)])
+def test_initialize_accepts_the_readme_spelling(raw, want):
+    """``--set distributed.initialize=on`` reaches the config as YAML's bool; it means the same as "on"."""
+    from retrojax.config import load
+    from retrojax.parallel.distributed import wants_initialize
+
+    cfg = load("configs/sokoban_tiny.yaml", [f"distributed.initialize={raw}"])
+    assert wants_initialize(cfg.distributed, {}) is want

@@ -16,7 +16,8 @@ _STARTED = False
 def wants_initialize(dc: Any, environ: dict[str, str] | None = None) -> bool:
     """Whether ``dc`` (a DistributedConfig) asks for ``jax.distributed.initialize``."""
     env = os.environ if environ is None else environ
-    mode = str(dc.initialize).lower()
+    value = dc.initialize
+    mode = {True: "on", False: "off"}[value] if isinstance(value, bool) else str(value).lower()
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"distributed.initialize must be auto | on | off, got {dc.initialize!r}")
     if mode == "off":
