@@ -159,6 +159,15 @@ def _collect(trials: Sequence[Trial]) -> Archive:
     return out
 
 
+def checked_task_ids(env: TrialEnv, task_ids: Iterable[int] | None) -> list[int]:
+    """Every task of ``env`` when ``task_ids`` is None, else ``task_ids`` checked against its range."""
+    tasks = list(range(env.num_tasks)) if task_ids is None else [int(t) for t in task_ids]
+    bad = [t for t in tasks if not 0 <= t < env.num_tasks]
+    if bad:
+        raise ValueError(f"task ids {bad[:5]} outside [0, {env.num_tasks})")
+    return tasks
+
+
 def make_specs(task_ids: Iterable[int], seeds: Iterable[int], trials_per_task: int,
                protocols: Sequence[str], first_trial: int = 0) -> list[TrialSpec]:
     """Trial specs ordered by seed, protocol, task, replicate; trial ids count up from ``first_trial``."""
@@ -194,10 +203,7 @@ def run_trials(cfg: Any, policy: Policy, task_ids: Iterable[int] | None = None, 
     own_env = env is None
     env = make_env(cfg, split) if env is None else env
     try:
-        tasks = list(range(env.num_tasks)) if task_ids is None else [int(t) for t in task_ids]
-        bad = [t for t in tasks if not 0 <= t < env.num_tasks]
-        if bad:
-            raise ValueError(f"task ids {bad[:5]} outside [0, {env.num_tasks})")
+        tasks = checked_task_ids(env, task_ids)
         b = cfg.trial.trials_per_task if trials_per_task is None else trials_per_task
         specs = make_specs(tasks, list(seeds), b, list(protocols or [cfg.trial.protocol]))
         runner = Runner(cfg, env, policy, tokenizer=tokenizer, record_tokens=record_tokens)

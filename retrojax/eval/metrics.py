@@ -47,14 +47,19 @@ def _std(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def seed_success_rates(records: Sequence[Any]) -> dict[str, float]:
+    """Success rate per seed (seed as a string key, in order) of records with ``seed`` and ``success``."""
+    by_seed: dict[int, list[bool]] = defaultdict(list)
+    for r in records:
+        by_seed[r.seed].append(r.success)
+    return {str(s): sum(v) / len(v) for s, v in sorted(by_seed.items())}
+
+
 def protocol_summary(trials: Sequence[TrialRecord]) -> dict[str, Any]:
     """Metrics of one protocol's trials (see the module docstring)."""
     n = len(trials)
     wins = sum(t.success for t in trials)
-    by_seed: dict[int, list[bool]] = defaultdict(list)
-    for t in trials:
-        by_seed[t.seed].append(t.success)
-    seed_rates = {str(s): sum(v) / len(v) for s, v in sorted(by_seed.items())}
+    seed_rates = seed_success_rates(trials)
     rates = list(seed_rates.values())
     lo, hi = wilson(wins, n)
     solved = [t.actions_to_success for t in trials if t.success and t.actions_to_success is not None]

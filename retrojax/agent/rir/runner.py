@@ -18,6 +18,7 @@ from retrojax.agent.env_api import TrialEnv, make_env
 from retrojax.agent.rir.controller import RIRRecord, RIRTrial
 from retrojax.agent.rir.settings import Settings
 from retrojax.agent.rir.variants import parse_variant
+from retrojax.agent.runner import checked_task_ids
 from retrojax.agent.trial import TrialSpec
 
 
@@ -159,10 +160,7 @@ def run_rir(
     own = env is None
     env = make_env(cfg, split) if env is None else env
     try:
-        tasks = list(range(env.num_tasks)) if task_ids is None else [int(t) for t in task_ids]
-        bad = [t for t in tasks if not 0 <= t < env.num_tasks]
-        if bad:
-            raise ValueError(f"task ids {bad[:5]} outside [0, {env.num_tasks})")
+        tasks = checked_task_ids(env, task_ids)
         b = cfg.trial.trials_per_task if trials_per_task is None else trials_per_task
         specs = make_specs(tasks, list(seeds), b, list(protocols))
         runner = RIRRunner(

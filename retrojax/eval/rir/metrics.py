@@ -16,16 +16,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retrojax.agent.rir.controller import AUX_ROLES, RIRRecord
-from retrojax.eval.metrics import _mean, _std, paired_difference, wilson
+from retrojax.eval.metrics import _mean, _std, paired_difference, seed_success_rates, wilson
 
 
 def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
     n = len(records)
     wins = sum(r.success for r in records)
-    by_seed: dict[int, list[bool]] = defaultdict(list)
-    for r in records:
-        by_seed[r.seed].append(r.success)
-    seed_rates = {str(s): sum(v) / len(v) for s, v in sorted(by_seed.items())}
+    seed_rates = seed_success_rates(records)
     lo, hi = wilson(wins, n)
 
     def mean(f) -> float:
