@@ -26,7 +26,7 @@ from retrojax.agent.chat import ByteChatTokenizer, ChatTokenizer, wrap_tokenizer
 from retrojax.agent.env_api import TrialEnv, make_env
 from retrojax.agent.policies import Policy
 from retrojax.agent.prompts import get_prompts
-from retrojax.agent.trial import Limits, Trial, TrialSpec, parse_protocol
+from retrojax.agent.trial import Generation, Limits, Request, Trial, TrialSpec, parse_protocol
 
 
 class Runner:
@@ -127,9 +127,7 @@ class Runner:
             for t, _ in auto:
                 t.on_rewound()
         requests = [t.request() for t in live]
-        gens = self.policy.generate(requests)
-        if len(gens) != len(requests):
-            raise RuntimeError(f"policy returned {len(gens)} replies for {len(requests)} requests")
+        gens = ask(self.policy, requests)
         steps, rewinds = [], []
         for t, g in zip(live, gens, strict=True):
             op = t.on_output(g)
@@ -157,6 +155,14 @@ def _collect(trials: Sequence[Trial]) -> Archive:
         out.recoveries.extend(t.recoveries)
         out.trials.append(t.record)
     return out
+
+
+def ask(policy: Policy, requests: list[Request]) -> list[Generation]:
+    """One batched ``policy.generate``; a policy that answers a different number of requests is a bug."""
+    gens = policy.generate(requests)
+    if len(gens) != len(requests):
+        raise RuntimeError(f"policy returned {len(gens)} replies for {len(requests)} requests")
+    return gens
 
 
 def checked_task_ids(env: TrialEnv, task_ids: Iterable[int] | None) -> list[int]:

@@ -18,7 +18,7 @@ from retrojax.agent.env_api import TrialEnv, make_env
 from retrojax.agent.rir.controller import RIRRecord, RIRTrial
 from retrojax.agent.rir.settings import Settings
 from retrojax.agent.rir.variants import parse_variant
-from retrojax.agent.runner import checked_task_ids
+from retrojax.agent.runner import ask, checked_task_ids
 from retrojax.agent.trial import TrialSpec
 
 
@@ -94,9 +94,7 @@ class RIRRunner:
 
     def _tick(self, live: list[RIRTrial]) -> None:
         requests = [t.request() for t in live]
-        gens = self.policy.generate(requests)
-        if len(gens) != len(requests):
-            raise RuntimeError(f"policy returned {len(gens)} replies for {len(requests)} requests")
+        gens = ask(self.policy, requests)
         steps, rewinds = [], []
         for t, g in zip(live, gens, strict=True):
             op = t.on_output(g)
