@@ -88,4 +88,7 @@ def test_eval_cli_with_a_served_model_reports_usage(server, tmp_path, capsys):
     for name in ("T@3", "RIR"):
         use = report["results"][name]["usage"]
         assert use["trials"] == 2 and use["prompt_tokens_per_trial"] > 0 and use["completion_tokens"] > 0
+        tokens = report["results"][name]["tokens"]  # summed from the archive records ...
+        for k in ("prompt_tokens", "completion_tokens"):  # ... equal the client's own count of the replies
+            assert tokens[k] == api["protocols"][name][k] > 0
     assert report["results"]["T@3"]["rewinds"] > 0

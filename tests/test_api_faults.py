@@ -201,3 +201,32 @@ def test_restore_stop_puts_back_what_the_server_cut():
     assert restore_stop("<remark>x", ["</remark>"], "</remark>") == "<remark>x</remark>"
     assert restore_stop("plain", ["END"], "END") == "plainEND"
     assert restore_stop("plain", ["END"], None) == "plain"
+
+
+@pytest.mark.parametrize("script", [["ok"], ["500"], ["context"]])
+def test_rir_through_a_served_model_records_usage_failures_and_context(script):
+    """RIR's records carry what the server reported, a failed request is an invalid turn that names the error,
+    and an overflowing context ends the trial as ``context`` — the same rules as ReTRAIL's trials."""
+    from retrojax.eval.rir.run import evaluate_rir
+
+    with FakeServer(script) as fake:
+        cfg = _cfg(fake.base_url, "rir.agent_budget=3", "rir.max_review_tokens=16")
+        policy = make_policy("api:fake", cfg)
+        policy.sleep = lambda s: None
+        part, batch = evaluate_rir(cfg, policy, "sokoban-5x5-1:test", ["RIR"], seeds=1, tasks=2,
+                                   trials_per_task=1)
+    assert len(batch.records) == 2 and all(r.end_reason for r in batch.records)  # the batch completed
+    calls = batch.archive.calls
+    served = len(fake.seen)
+    tokens = part["results"]["RIR"]["tokens"]
+    if script == ["ok"]:
+        n = policy.report()["usage"]["requests"]
+        assert tokens["prompt_tokens"] == 100 * n and tokens["completion_tokens"] == 7 * n
+        assert sum(r.completion_tokens for r in batch.records) == 7 * n
+    elif script == ["500"]:
+        assert tokens["completion_tokens"] == 0 and all(r.api_failures > 0 for r in batch.records)
+        assert all(r.invalid_turns > 0 for r in batch.records)
+        assert any("api request failed" in c.invalid_reason and "HTTP 500" in c.invalid_reason
+                   for c in calls)
+    else:
+        assert [r.end_reason for r in batch.records] == ["context", "context"] and served == 2

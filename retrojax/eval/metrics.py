@@ -3,10 +3,10 @@
 ``summarize(trials)`` groups ``TrialRecord``s by protocol and reports, per protocol: the pooled success
 rate and its Wilson score interval, the per-seed success rates with their mean and standard deviation,
 mean calls (execution, reflection, total), rewinds (model, forced), macro-attempts, invalid turns,
-distinct states visited, actions (primitive moves) to success and how trials ended (``end_reasons``: the
-fraction of trials per termination reason, e.g. ``context`` when the conversation outgrew the model's
-context). With several protocols it adds
-``delta_pro = T@1 − P@1`` and ``delta_ref = T@3 − T@1`` when those protocols are present.
+distinct states visited, actions (primitive moves) to success, a served model's reported tokens
+(``tokens``, summed from the records) and how trials ended (``end_reasons``: the fraction of trials per
+termination reason, e.g. ``context`` when the conversation outgrew the model's context). With several
+protocols it adds ``delta_pro = T@1 − P@1`` and ``delta_ref = T@3 − T@1`` when those protocols are present.
 """
 
 from __future__ import annotations
@@ -81,7 +81,19 @@ def protocol_summary(trials: Sequence[TrialRecord]) -> dict[str, Any]:
         "distinct_states": _mean([t.distinct_states for t in trials]),
         "actions_to_success": _mean(solved),
         "end_reasons": {r: c / n for r, c in sorted(_count(t.end_reason or "open" for t in trials).items())},
+        **token_usage(trials),
     }
+
+
+def token_usage(records: Sequence[Any]) -> dict[str, Any]:
+    """A served model's reported tokens summed from the archive records (0 for local models): totals and
+    per-trial means under ``tokens``."""
+    n = len(records)
+    prompt = sum(int(getattr(r, "prompt_tokens", 0)) for r in records)
+    completion = sum(int(getattr(r, "completion_tokens", 0)) for r in records)
+    return {"tokens": {"prompt_tokens": prompt, "completion_tokens": completion,
+                       "prompt_tokens_per_trial": prompt / n if n else 0.0,
+                       "completion_tokens_per_trial": completion / n if n else 0.0}}
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

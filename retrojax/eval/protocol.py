@@ -103,11 +103,14 @@ def evaluate(cfg: Any, policy: Policy, split: str, protocols: list[str], seeds: 
         env.close()
     b = cfg.trial.trials_per_task if trials_per_task is None else trials_per_task
     served = getattr(policy, "report", None)
-    if callable(served):  # a served model (api:MODEL): token usage per protocol, retries, failures
+    if callable(served):  # a served model (api:MODEL): tokens from the records, retries/failures: client
         metrics["api"] = served()
         for name, use in metrics["api"]["protocols"].items():
             if name in metrics["results"]:
-                metrics["results"][name]["usage"] = use
+                metrics["results"][name]["usage"] = {**use, **metrics["results"][name]["tokens"]}
+        metrics["api"]["usage"].update(
+            {k: sum(r["tokens"][k] for r in metrics["results"].values()) for k in ("prompt_tokens",
+                                                                                   "completion_tokens")})
     return {**metrics, "split": split, "tasks": n, "seeds": seeds, "trials_per_task": b,
             "protocols": protocols, "seconds": elapsed}
 

@@ -138,6 +138,9 @@ class RIRRecord:
     restore_ok: list[bool] = dataclasses.field(default_factory=list)  # world state == C_r's recorded state
     memory_changes: int = 0
     parse_problems: int = 0
+    prompt_tokens: int = 0  # sums over every call (agent and auxiliary) of a served model's reported usage
+    completion_tokens: int = 0
+    api_failures: int = 0  # calls whose served request failed (each is an invalid turn or a parse fallback)
 
 
 class RIRTrial:
@@ -418,9 +421,19 @@ class RIRTrial:
             output_text=text,
             finish_reason=gen.finish_reason,
         )
+        if gen.usage is not None:
+            call.prompt_tokens, call.completion_tokens = int(gen.usage[0]), int(gen.usage[1])
+            self.record.prompt_tokens += call.prompt_tokens
+            self.record.completion_tokens += call.completion_tokens
+        if gen.error:
+            self.record.api_failures += 1
         self.calls.append(call)
+        if gen.finish_reason == "context":  # the context no longer fits the model: the trial ends
+            call.valid, call.invalid_reason = False, "the context no longer fits the model"
+            self._end("context")
+            return None
         if req.kind == EXECUTE:
-            return self._on_agent(call, req, text, gen.finish_reason, out_ids)
+            return self._on_agent(call, req, text, gen.finish_reason, out_ids, gen.error)
         self.record.aux_calls += 1
         self.record.aux_by_role[req.kind] += 1
         return {REVIEW: self._on_review, COARSE: self._on_coarse, FINE: self._on_fine, PATCH: self._on_patch}[
@@ -428,7 +441,7 @@ class RIRTrial:
         ](call, text)
 
     def _on_agent(
-        self, call: CallRecord, req: Request, text: str, finish: str, out_ids: np.ndarray
+        self, call: CallRecord, req: Request, text: str, finish: str, out_ids: np.ndarray, error: str = ""
     ) -> EnvOp | None:
         self.record.agent_calls += 1
         self.since_review += 1
@@ -440,8 +453,10 @@ class RIRTrial:
             )
             turn_ids = np.concatenate([user_ids, out_ids, np.asarray(self.tok.close_turn(out_ids), np.int32)])
         proposal: dict[str, Any] = {"call": call, "turn": Turn(self.t, req.prompt_text, text, turn_ids)}
-        content = parse.extract_action(text, self.style) if finish != "length" else None
-        if finish == "length":
+        content = parse.extract_action(text, self.style) if finish != "length" and not error else None
+        if error:  # a served request that still failed after its retries: an invalid turn that says why
+            proposal.update(kind="invalid", reason=f"api request failed: {error}", shown="(no reply)")
+        elif finish == "length":
             proposal.update(
                 kind="invalid", reason="the reply was cut off at its token limit", shown="(cut off)"
             )

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retrojax.agent.rir.controller import AUX_ROLES, RIRRecord
-from retrojax.eval.metrics import _mean, _std, paired_difference, seed_success_rates, wilson
+from retrojax.eval.metrics import _mean, _std, paired_difference, seed_success_rates, token_usage, wilson
 
 
 def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
@@ -54,6 +54,8 @@ def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
         "rewinds": mean(lambda r: r.rollbacks),
         "distinct_states": mean(lambda r: r.distinct_states),
         "actions_to_success": _mean([float(a) for a in solved]),
+        "api_failures": mean(lambda r: r.api_failures),
+        **token_usage(records),
     }
 
 
