@@ -4,6 +4,22 @@ The PyPI wrapper's ``env.step`` recomputes every valid action-object combination
 (hundreds of ms); here a step is the Java server's own ``step`` plus the score, and admissible actions
 are computed only when asked. A task is ``"<task-name>:<variation>"``; task splits follow
 ScienceWorld's own train/dev/test variation split. Score is ScienceWorld's 0–100 (negative = failed).
+
+Partition L0 (:func:`level_tasks`). ReTRAIL's Table 5 says only "ScienceWorld uses the L0 partition"; the
+name comes from RLVMR (built on verl-agent), which ships its split as lists of ``[task_index, variation]``
+pairs, ``task_index`` into the engine's ``get_task_names()`` (alphabetical order). We derived the rule from
+RLVMR's ``L0_idx.json`` (keys ``train`` and ``test``; 3322 and 1661 pairs) by comparing every pair with this
+engine's own variation lists; it holds exactly, with no pair missing, extra or repeated:
+
+- task types: 29 of the 30, every one except ``use-thermometer`` (index 29), in both parts;
+- ``train``: each type's ScienceWorld *train* variations, all of them (3322);
+- ``test``: each type's ScienceWorld *dev* variations, all of them (1661); so train and test share every
+  task type and no (type, variation) pair. ScienceWorld's own test variations are not used by L0.
+
+The file orders pairs by type with variations shuffled (its sampler draws pairs at random); ours interleaves
+the types (variation 1 of every type, then variation 2, …) so that the first N tasks of a part, which
+``env.num_tasks`` / ``--tasks`` keep, cover many types. The pair sets are the same. Why RLVMR leaves out
+``use-thermometer`` is not stated there; we follow the file. L1/L2 are not implemented here.
 ScienceWorld's gold-path generator picks among equivalent solutions at random, so the first gold
 path generated for a task is stored on disk (first writer wins) and every worker — a restarted one
 included — follows that same path. The engine is kept loaded without gold-path generation so that
@@ -22,6 +38,9 @@ from envs.textworlds.canonical import listing_canonical
 
 UNKNOWN_ACTION = "No known action matches that input."
 SPLIT_PARTS = ("train", "dev", "test")
+LEVELS = ("L0",)  # partitions by generalization level (see the module docstring)
+L0_EXCLUDED = ("use-thermometer",)  # the one task type RLVMR's L0 leaves out
+L0_PARTS = {"train": "train", "test": "dev"}  # an L0 part -> the ScienceWorld variation list it uses
 
 
 def parse_task(task: str) -> tuple[str, int]:
@@ -260,3 +279,28 @@ def split_tasks(
         tmp.write_text(json.dumps(table, sort_keys=True))
         tmp.replace(path)
     return [f"{n}:{v}" for n in names for v in table[n][part]]
+
+
+def level_tasks(level: str, part: str, cache_dir: str | None = None,
+                world: ScienceWorld | None = None) -> list[str]:
+    """Tasks ``"name:variation"`` of partition ``level`` (``L0``), part ``train`` or ``test``.
+
+    L0: every task type but ``use-thermometer``; train = ScienceWorld's train variations, test = its dev
+    variations (derivation in the module docstring). Types are interleaved: variation i of every type, in
+    the engine's task order, then variation i + 1.
+    """
+    if level not in LEVELS:
+        raise ValueError(f"unknown ScienceWorld partition {level!r}; known: {', '.join(LEVELS)}")
+    if part not in L0_PARTS:
+        raise ValueError(f"ScienceWorld partition {level} has the parts {tuple(L0_PARTS)}, got {part!r}")
+    names = [n for n in sorted(task_names()) if n not in L0_EXCLUDED]
+    by_name: dict[str, list[str]] = {n: [] for n in names}
+    for task in split_tasks(names, L0_PARTS[part], cache_dir=cache_dir, world=world):
+        by_name[parse_task(task)[0]].append(task)
+    return interleave(list(by_name.values()))
+
+
+def interleave(groups: Sequence[Sequence[str]]) -> list[str]:
+    """Round robin over ``groups``: the first item of each, then the second of each, … (all items kept)."""
+    longest = max((len(g) for g in groups), default=0)
+    return [g[i] for i in range(longest) for g in groups if i < len(g)]

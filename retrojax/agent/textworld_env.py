@@ -10,6 +10,10 @@ Splits (``NAME:PART``, PART ∈ train | dev | test):
 
 - ``scienceworld:PART`` — every ScienceWorld task; ``scienceworld-boil,melt:PART`` — only those tasks;
   variations follow ScienceWorld's own train/dev/test split.
+- ``scienceworld-L0:train`` / ``scienceworld-L0:test`` — the L0 partition (ReTRAIL's Table 5, RLVMR's
+  naming): 29 task types (all but use-thermometer), train = their ScienceWorld train variations, test =
+  their dev variations, types interleaved so a first-N prefix spans many types
+  (``envs.textworlds.scienceworld.level_tasks``).
 - ``alfworld-gen:PART`` / ``alfworld-gen-heat,cool:PART`` — generated ALFWorld games (``env.num_tasks``
   of them, default 60) cycling over the six task types (or the listed ones).
 - ``alfworld-data:PART`` — real ALFWorld games under ``env.data_dir``: train → ``train``, test →
@@ -21,6 +25,7 @@ world's action format), and :func:`format_action`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -308,10 +313,13 @@ def _limit(tasks: list[str], cfg: Any) -> list[str]:
 
 
 def make_scienceworld(cfg: Any, split: str | None = None) -> TextWorldEnv:
-    from envs.textworlds.scienceworld import split_tasks
+    from envs.textworlds.scienceworld import level_tasks, split_tasks
 
     base, part, names = _split(cfg, split, "scienceworld")
-    tasks = _limit(split_tasks(names or None, part, cache_dir=cfg.env.cache_dir), cfg)
+    if len(names) == 1 and re.fullmatch(r"L\d+", names[0]):  # a partition (only L0 exists; others: error)
+        tasks = _limit(level_tasks(names[0], part, cache_dir=cfg.env.cache_dir), cfg)
+    else:
+        tasks = _limit(split_tasks(names or None, part, cache_dir=cfg.env.cache_dir), cfg)
     kwargs = {"step_limit": cfg.env.text_step_limit, "cache_dir": cfg.env.cache_dir}
     return TextWorldEnv("scienceworld", tasks, split=f"{base}:{part}", num_workers=cfg.env.text_workers,
                         timeout_s=cfg.env.step_timeout_s, world_kwargs=kwargs)
