@@ -14,7 +14,7 @@ from retrojax import config as config_lib
 from retrojax.agent.archive import EXECUTION, REFLECTION
 from retrojax.agent.policies import OraclePolicy
 from retrojax.agent.runner import run_trials
-from retrojax.agent.trial import Generation, Request
+from retrojax.agent.trial import REFLECT_CHOOSE, REFLECT_KNOWN, Generation, Request
 from retrojax.learn.advantages import compute_advantages
 from retrojax.learn.batch import build_sequences
 
@@ -130,6 +130,40 @@ def test_cut_off_replies_are_invalid_turns_and_a_full_context_ends_the_trial():
     ends = metrics["results"]["T@3"]["end_reasons"]
     assert ends.get("context", 0) > 0.5 and all(t.calls_execution == 2 for t in archive.trials
                                                if t.end_reason == "context")
+
+
+class SeenOracle(OraclePolicy):
+    """The oracle, keeping every request it answered."""
+
+    def __init__(self, epsilon: float):
+        super().__init__(epsilon)
+        self.seen: list[Request] = []
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        self.seen += requests
+        return super().generate(requests)
+
+
+def test_games_reflect_with_the_known_target_on_a_model_rewind_and_choose_on_a_forced_one():
+    """D.2: Sokoban keeps the known-target reflection for a valid model-selected target (the requested C_j is
+    restored) and asks the model for a checkpoint only on a forced recovery (text worlds: see
+    tests/test_textworlds_agent.py)."""
+    policy = SeenOracle(0.4)
+    archive, _ = run_trials(sokoban_cfg("trial.branch_budget=6"), policy, task_ids=range(6), seeds=[0],
+                            trials_per_task=2, protocols=["T@3"], split=SOKOBAN)
+    reflections = [r for r in policy.seen if r.role == REFLECTION]
+    model = [r for r in reflections if r.view.trigger == "model"]
+    forced = [r for r in reflections if r.view.trigger != "model"]
+    assert model and forced
+    assert all(r.view.kind == REFLECT_KNOWN and r.view.targets == (r.view.target,) for r in model)
+    assert all(r.view.kind == REFLECT_CHOOSE for r in forced)
+    calls = {(c.trial, c.call_index): c for c in archive.calls}
+    for rec in archive.recoveries:
+        if rec.trigger == "model":  # the target is the one the execution call asked for
+            (ask,) = [c for c in archive.calls if c.trial == rec.trial and c.role == EXECUTION and c.is_rewind
+                      and c.call_index == rec.reflection_call - 1]
+            assert rec.target == ask.rewind_target and not rec.target_from_fallback
+            assert calls[(rec.trial, rec.reflection_call)].valid
 
 
 def test_sokoban_branch_value_is_measured_from_the_initial_state(oracle_t3):

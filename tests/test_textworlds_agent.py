@@ -18,7 +18,7 @@ from retrojax.agent.prompts import (
 )
 from retrojax.agent.runner import run_trials
 from retrojax.agent.textworld_env import TextOraclePolicy, TextWorldEnv, format_action, make_alfworld
-from retrojax.agent.trial import EXECUTE, Generation
+from retrojax.agent.trial import EXECUTE, REFLECT_CHOOSE, Generation
 
 pytestmark = pytest.mark.textworlds
 
@@ -37,10 +37,11 @@ def test_prompt_templates_have_the_required_fields(world, style):
     assert p.fields("memory") == set(MEMORY_FIELDS)
     assert p.fields("reflect_known") == set(REFLECT_FIELDS)
     assert p.fields("reflect_choose") == set(REFLECT_CHOOSE_FIELDS)
+    assert p.fields("reflect_confirm") == set(REFLECT_CHOOSE_FIELDS)  # D.2: a model rewind names a checkpoint
     assert set(p.triggers) == set(TRIGGERS)
-    assert "<remark>" in p.reflect_known and "<remark>" in p.reflect_choose
+    assert all("<remark>" in t for t in (p.reflect_known, p.reflect_choose, p.reflect_confirm))
     marker = "```action" if world == "alfworld" else "<action>"
-    assert marker in p.system and marker in p.reflect_choose
+    assert marker in p.system and marker in p.reflect_choose and marker in p.reflect_confirm
 
 
 def test_splits_and_action_parsing(tmp_path):
@@ -144,3 +145,70 @@ def test_scienceworld_failure_triggers_forced_recovery_then_the_oracle_solves(tm
         assert all(isinstance(a, str) and a for a in rnd)
     finally:
         env.close()
+
+
+class AskBackThenAnswer(TextOraclePolicy):
+    """Oracle play that asks for ``rewind to C_2`` once at C_3; its reflection then names C_1 (replicate 0),
+    an out-of-range C_7 (replicate 1) or no checkpoint at all (replicate 2). Keeps every request it saw."""
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.seen: list = []
+        self.asked: set[int] = set()
+
+    def generate(self, requests):
+        self.seen += requests
+        out = super().generate(requests)
+        for i, r in enumerate(requests):
+            v = r.view
+            if v.kind == EXECUTE and v.checkpoint == 3 and r.trial not in self.asked:
+                self.asked.add(r.trial)
+                out[i] = Generation("This line looks wrong; going back.\n" + self.act("rewind to C_2"))
+            elif v.kind != EXECUTE:
+                remark = "<remark>Took the gold line to C_3; try again from an earlier point.</remark>\n"
+                answers = {0: self.act("rewind to C_1"), 1: self.act("rewind to C_7")}
+                answer = answers.get(v.spec.replicate, "")
+                out[i] = Generation(remark + answer)
+        return out
+
+
+@pytest.mark.parametrize("world, task", [("scienceworld", "find-living-thing:3"),
+                                         ("alfworld", "gen:pick_and_place_simple:31")])
+def test_text_world_reflection_on_a_model_rewind_names_the_checkpoint_to_restore(world, task, tmp_path):
+    """D.2: ScienceWorld and ALFWorld reflections always ask for a checkpoint. On the agent's own
+    ``rewind to C_2`` the reflection may keep C_2 or name another target, and the world is restored there;
+    a reply without a valid target restores the requested C_2 and is recorded as a fallback."""
+    cfg = cfg_for(world, tmp_path, "trial.max_calls=40", "trial.branch_budget=30")
+    kwargs = {"cache_dir": str(tmp_path)} if world == "scienceworld" else {}
+    env = TextWorldEnv(world, [task], num_workers=2, timeout_s=120.0, world_kwargs=kwargs)
+    policy = AskBackThenAnswer()
+    try:
+        archive, _ = run_trials(cfg, policy, task_ids=[0], trials_per_task=3, protocols=["T@1"], env=env)
+        assert env.errors() == {}
+    finally:
+        env.close()
+    block = "```action\nrewind to C_j\n```" if world == "alfworld" else "<action>rewind to C_j</action>"
+    calls = {(c.trial, c.call_index): c for c in archive.calls}
+    assert len(archive.trials) == 3
+    for trial in archive.trials:
+        (rec,) = [r for r in archive.recoveries if r.trial == trial.trial]
+        (ask,) = [r for r in policy.seen if r.trial == trial.trial and r.view.kind != EXECUTE]
+        rep = ask.view.spec.replicate
+        at_c3 = [r for r in policy.seen if r.trial == trial.trial and r.view.kind == EXECUTE
+                 and r.view.checkpoint == 3][0].view
+        # the reflection is the choose-a-checkpoint kind, opened by the agent's request for C_2
+        assert ask.view.kind == REFLECT_CHOOSE and ask.view.trigger == "model" and ask.view.target == 2
+        assert ask.view.targets == (0, 1, 2)
+        assert "You asked to go back to C_2" in ask.prompt_text and block in ask.prompt_text
+        assert "C_0, C_1, C_2" in ask.prompt_text and len(ask.messages) == 1  # c_ref: one user turn
+        want = 1 if rep == 0 else 2
+        assert (rec.trigger, rec.target, rec.target_from_fallback) == ("model", want, rep != 0)
+        reflection = calls[(trial.trial, rec.reflection_call)]
+        assert reflection.rewind_target == want and reflection.valid == (rep == 0)
+        if rep:
+            assert "restoring the requested C_2" in reflection.invalid_reason
+        # the world was restored at the named checkpoint: the next decision sees C_want's state
+        resumed = sorted((c for c in archive.calls if c.trial == trial.trial and c.role == "execution"
+                          and c.segment == rec.resumed_segment), key=lambda c: c.position)
+        assert resumed[0].checkpoint == want and resumed[0].state_key == at_c3.keys[want]
+        assert trial.rewinds_model == 1 and trial.success  # the oracle finishes from there

@@ -61,6 +61,7 @@ class TextWorldEnv(TrialEnv):
         self.action_style = "fence" if world == "alfworld" else "tag"
         # D.3: ALFWorld rebuilds the resumed conversation; ScienceWorld puts memory in the next observation
         self.recovery_context = "rebuild" if world == "alfworld" else "observation"
+        self.reflection_chooses_target = True  # D.2: every reflection names the checkpoint to restore
         self.split = split
         self.tasks = list(tasks)
         self.num_workers, self.timeout_s = num_workers, timeout_s

@@ -24,6 +24,13 @@ the turn that created it, and its observation text. The rules (the paper's Algor
 - a forced recovery follows a failure or an exhausted branch budget when the protocol allows it
   (``T@k``), the macro-attempt count is below ``k``, the segment cap allows it, enough calls remain and
   ``k ≥ 1``; otherwise the trial ends;
+- which checkpoint is restored (D.2): games use the known-target reflection for a granted model rewind (the
+  requested ``C_j`` is restored) and the choose-a-checkpoint one for a forced recovery (a reply without a
+  valid target falls back to ``trial.fallback``: the latest checkpoint, or ending the trial). Text worlds
+  (``TrialEnv.reflection_chooses_target``) ask every reflection for the checkpoint: a model rewind gets the
+  confirm-or-choose reflection, whose reply may keep ``C_j`` or name another ``0 ≤ j' < k``; a reply without
+  a valid target falls back to the requested ``C_j``. A fallback is never a crash: the reflection call is
+  recorded invalid with the reason and the recovery as ``target_from_fallback``;
 - a recovery makes one reflection call with its own context c_ref (the world's rules, rollback semantics,
   the trigger, the states at ``C_j`` and ``C_k``, the branch history ``C_j → C_k`` and the branch memories),
   never appended to the execution conversation. Its remark (or the whole reflection when it has none,
@@ -153,7 +160,9 @@ class TrialView:
     kind: str  # EXECUTE | REFLECT_KNOWN | REFLECT_CHOOSE
     checkpoint: int  # k
     targets: tuple[int, ...]  # rewinds the loop would grant now (execution) / may choose (reflection)
-    target: int  # reflection: the requested target (known) or the fallback (choose); -1 otherwise
+    # reflection: the requested target (known; also text worlds' choose after a model rewind, where it is the
+    # fallback too) or the fallback (choose after a forced recovery); -1 otherwise
+    target: int
     trigger: str  # reflection: model | failure | branch_budget
     progress: tuple[float, ...]  # progress figure at C_0 … C_k
     keys: tuple[str, ...]  # state keys of C_0 … C_k
@@ -268,6 +277,8 @@ class Trial:
             raise ValueError(f"{type(env).__name__}.recovery_context must be one of {RECOVERY_CONTEXTS}, "
                              f"got {self.context_style!r}")
         self.value_from_initial = bool(getattr(env, "value_from_initial", False))
+        # D.2: text worlds ask every reflection for the checkpoint to restore, whoever started the recovery
+        self.reflection_chooses = bool(getattr(env, "reflection_chooses_target", False))
         if self.protocol.model_rewinds or self.protocol.forced_recovery:
             self.branch_limit = limits.branch_budget
         else:  # P@1: no recovery, so the branch budget (a recovery trigger) does not apply
@@ -463,7 +474,7 @@ class Trial:
             self._event(f"at C_{self.k}: asked to rewind to C_{action.target}")
             self._close_segment("rewind")
             self.recovery = {"trigger": "model", "target": action.target, "from": self.k}
-            self._reflect_or_skip(REFLECT_KNOWN)
+            self._reflect_or_skip(REFLECT_CHOOSE if self.reflection_chooses else REFLECT_KNOWN)
             return None
         self.phase = "env"
         self.pending_call = call
@@ -581,6 +592,11 @@ class Trial:
                 action = parse.invalid(call.invalid_reason, gen.text)
             if action.is_rewind and 0 <= action.target < self.k:
                 rec["target"] = action.target
+            elif rec["trigger"] == "model":  # text worlds: the agent's own request stands
+                call.valid = False
+                call.invalid_reason = (f"{action.reason or f'C_{action.target} is not a valid target'}; "
+                                       f"restoring the requested C_{rec['target']}")
+                rec["fallback"] = True
             elif self.limits.fallback == "end":
                 call.valid = False
                 call.invalid_reason = action.reason or f"C_{action.target} is not a valid target"
@@ -741,6 +757,8 @@ class Trial:
         history = [e for kd, e in self.events if kd >= j]
         earlier = [f"- at C_{r.checkpoint} ({r.status}): {r.text}" for r in self.remarks]
         template = p.reflect_choose if kind == REFLECT_CHOOSE else p.reflect_known
+        if kind == REFLECT_CHOOSE and rec["trigger"] == "model":  # confirm the request or choose another
+            template = p.reflect_confirm or p.reflect_choose
         fields = dict(
             rules=p.rules.format(**self.fields), trigger=trigger, target=j, checkpoint=self.k,
             state_target=self.path[j].observation, state_current=self.path[-1].observation,

@@ -14,6 +14,9 @@ through :func:`get_prompts`. Every family must provide the same fields (pinned b
 - ``reflect_known`` (the target is known: the agent asked for it) and ``reflect_choose`` (forced
   recovery: the reflection picks the target). Fields: ``rules``, ``trigger``, ``target``, ``checkpoint``,
   ``state_target``, ``state_current``, ``history``, ``earlier``; ``reflect_choose`` also ``targets``.
+- ``reflect_confirm``: the agent asked for ``C_target`` in a world whose reflections always name the
+  checkpoint to restore (ScienceWorld, ALFWorld; D.2): keep the request or choose another among ``targets``.
+  Fields as ``reflect_choose``. Games never use it (a valid request there gets ``reflect_known``).
 - ``rewind_allowed`` / ``rewind_forbidden``: the protocol paragraph for ``system``'s ``rewind_rules``.
 - ``triggers``: why a recovery started, keyed by ``model``, ``failure``, ``branch_budget`` (a cut-off reply
   is an invalid turn, not a trigger).
@@ -55,6 +58,7 @@ class PromptSet:
     rewind_allowed: str
     rewind_forbidden: str
     triggers: dict[str, str]
+    reflect_confirm: str = ""  # "" (a family that never needs it): the trial uses reflect_choose
 
     def fields(self, name: str) -> set[str]:
         """Named fields used by template ``name``."""
@@ -111,8 +115,8 @@ def user_full(view: str, question: str) -> str:
 
 def reflections_full(*, attempt: str, world: str, undone: str, view: str, item: str, avoid: str,
                      choose_keep: str = "what to avoid",
-                     rewind_block: str = "<action>rewind to C_j</action> ") -> tuple[str, str]:
-    """The full style's ``(reflect_known, reflect_choose)``.
+                     rewind_block: str = "<action>rewind to C_j</action> ") -> tuple[str, str, str]:
+    """The full style's ``(reflect_known, reflect_choose, reflect_confirm)``.
 
     ``attempt`` ("a Sokoban attempt"), ``world`` (what is restored: "the board"), ``undone`` (what a restore
     takes back: "moves"), ``view`` (how a state is shown: "Board"), ``item`` (one history entry: "action"),
@@ -140,16 +144,25 @@ def reflections_full(*, attempt: str, world: str, undone: str, view: str, item: 
         f"you did, what went wrong, {choose_keep}, your plan from the chosen checkpoint), then end with "
         f"{rewind_block}for your chosen j."
     )
-    return known, choose
+    confirm = body.replace(
+        f"{world} returns to checkpoint C_{{target}}", f"{world} returns to the checkpoint you name below"
+    ).replace(f"{view} at C_{{target}}", f"{view} at C_{{target}} (the checkpoint you asked for)") + (
+        "You asked to go back to C_{target}. Keep that checkpoint, or choose a better one among {targets} "
+        "now that you have reviewed the branch. Write a compact memory inside <remark>…</remark> (what you "
+        f"did, what went wrong, {choose_keep}, your plan from the checkpoint you return to), then end with "
+        f"{rewind_block}for the checkpoint to restore (j = {{target}} keeps your request; a reply without a "
+        "valid one restores C_{target})."
+    )
+    return known, choose, confirm
 
 
-def full_set(*, system: str, user: str, reflections: tuple[str, str], rules: str, rewind_allowed: str,
+def full_set(*, system: str, user: str, reflections: tuple[str, str, str], rules: str, rewind_allowed: str,
              rewind_forbidden: str, triggers: dict[str, str]) -> PromptSet:
     """The full family: detailed system prompt and turns for large models."""
-    known, choose = reflections
+    known, choose, confirm = reflections
     return PromptSet(system=system, user=user, memory=MEMORY, reflect_known=known, reflect_choose=choose,
                      rules=rules, rewind_allowed=rewind_allowed, rewind_forbidden=rewind_forbidden,
-                     triggers=triggers)
+                     triggers=triggers, reflect_confirm=confirm)
 
 
 def compact_set(*, system: str, rules: str, rewind_forbidden: str, triggers: dict[str, str],
@@ -162,9 +175,13 @@ def compact_set(*, system: str, rules: str, rewind_forbidden: str, triggers: dic
     if action_style == "fence":
         rewind, choose_tail = "Answer ```action\\nrewind to C_j\\n``` to restore", \
             "then\n```action\nrewind to C_j\n```\nwith j in {targets}."
+        confirm_tail = ("then\n```action\nrewind to C_j\n```\n"
+                        "with j = {target} to keep it or another j in {targets}.")
     else:
         rewind, choose_tail = "<action>rewind to C_j</action> restores", \
             "then <action>rewind to C_j</action>, j in {targets}."
+        confirm_tail = ("then <action>rewind to C_j</action>: j = {target} keeps it, "
+                        "or another j in {targets}.")
     review = ("{rules}\nGoing back restores that checkpoint exactly; only your remark is kept.\n"
               "Why: {trigger}\n")
     branch = "Now C_{checkpoint}:\n{state_current}\nBranch:\n{history}\nEarlier: {earlier}\n"
@@ -174,6 +191,9 @@ def compact_set(*, system: str, rules: str, rewind_forbidden: str, triggers: dic
         + branch + "Write <remark>mistake, what to avoid, plan from C_{target}</remark>.",
         reflect_choose="Review before going back. " + review + target_label + " C_{target}:\n{state_target}\n"
         + branch + "Write <remark>mistake, what to avoid, plan</remark> " + choose_tail,
+        reflect_confirm="Review before going back; you asked for C_{target}. " + review
+        + "C_{target}:\n{state_target}\n" + branch + "Write <remark>mistake, what to avoid, plan</remark> "
+        + confirm_tail,
         rules=rules,
         rewind_allowed=f"Checkpoint C_i = after turn i. {rewind} "
         + ("C_j " if action_style == "fence" else "C_j and keeps ")
