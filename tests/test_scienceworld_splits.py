@@ -1,4 +1,4 @@
-"""ScienceWorld's L0 partition (ReTRAIL Table 5): task types, sizes, train/test relation, from the engine."""
+"""ScienceWorld's L0/L1/L2 partitions (Table 5 uses L0): types, sizes, train/test relation, via the engine."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from envs.textworlds.scienceworld import (
     L0_EXCLUDED,
+    L2_HELD_OUT,
     interleave,
     level_tasks,
     parse_task,
@@ -83,7 +84,24 @@ def test_the_config_split_trains_on_l0_train_and_evaluates_on_l0_test(sw):
     with pytest.raises(ValueError, match="parts"):
         make_env(cfg, "scienceworld-L0:dev")
     with pytest.raises(ValueError, match="unknown ScienceWorld partition"):
-        make_env(cfg, "scienceworld-L2:test")
+        make_env(cfg, "scienceworld-L3:test")
+
+
+def test_l1_tests_on_scienceworlds_test_variations_and_l2_on_ten_unseen_types(sw):
+    cache, order = sw
+    l0_train = level_tasks("L0", "train", cache)
+    l1_train, l1_test = level_tasks("L1", "train", cache), level_tasks("L1", "test", cache)
+    l2_train, l2_test = level_tasks("L2", "train", cache), level_tasks("L2", "test", cache)
+    # RLVMR's counts
+    assert [len(x) for x in (l1_train, l1_test, l2_train, l2_test)] == [3322, 1684, 2242, 549]
+    types = sorted(set(task_names()) - set(L0_EXCLUDED))
+    assert l1_train == l0_train and set(l1_test) == set(split_tasks(types, "test", cache))
+    assert not set(l1_test) & set(l1_train) and not set(l1_test) & set(level_tasks("L0", "test", cache))
+    train_types, test_types = ({parse_task(t)[0] for t in part} for part in (l2_train, l2_test))
+    assert test_types == set(L2_HELD_OUT) and not train_types & test_types  # unseen task types
+    assert train_types | test_types == set(types) and len(train_types) == 19
+    assert set(l2_train) <= set(l0_train) and set(l2_test) <= set(l1_test)
+    assert pairs(l2_test, order) >= {(1, 29), (24, 479), (16, 120)}  # pairs read from RLVMR's L2 file
 
 
 @given(st.lists(st.lists(st.integers(0, 99), max_size=6), max_size=5))

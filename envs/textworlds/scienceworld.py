@@ -4,26 +4,33 @@ The PyPI wrapper's ``env.step`` recomputes every valid action-object combination
 (hundreds of ms); here a step is the Java server's own ``step`` plus the score, and admissible actions
 are computed only when asked. A task is ``"<task-name>:<variation>"``; task splits follow
 ScienceWorld's own train/dev/test variation split. Score is ScienceWorld's 0–100 (negative = failed).
-
-Partition L0 (:func:`level_tasks`). ReTRAIL's Table 5 says only "ScienceWorld uses the L0 partition"; the
-name comes from RLVMR (built on verl-agent), which ships its split as lists of ``[task_index, variation]``
-pairs, ``task_index`` into the engine's ``get_task_names()`` (alphabetical order). We derived the rule from
-RLVMR's ``L0_idx.json`` (keys ``train`` and ``test``; 3322 and 1661 pairs) by comparing every pair with this
-engine's own variation lists; it holds exactly, with no pair missing, extra or repeated:
-
-- task types: 29 of the 30, every one except ``use-thermometer`` (index 29), in both parts;
-- ``train``: each type's ScienceWorld *train* variations, all of them (3322);
-- ``test``: each type's ScienceWorld *dev* variations, all of them (1661); so train and test share every
-  task type and no (type, variation) pair. ScienceWorld's own test variations are not used by L0.
-
-The file orders pairs by type with variations shuffled (its sampler draws pairs at random); ours interleaves
-the types (variation 1 of every type, then variation 2, …) so that the first N tasks of a part, which
-``env.num_tasks`` / ``--tasks`` keep, cover many types. The pair sets are the same. Why RLVMR leaves out
-``use-thermometer`` is not stated there; we follow the file. L1/L2 are not implemented here.
 ScienceWorld's gold-path generator picks among equivalent solutions at random, so the first gold
 path generated for a task is stored on disk (first writer wins) and every worker — a restarted one
 included — follows that same path. The engine is kept loaded without gold-path generation so that
 resets stay cheap.
+
+Partitions L0, L1, L2 (:func:`level_tasks`). ReTRAIL's Table 5 says only "ScienceWorld uses the L0
+partition"; the names come from RLVMR (built on verl-agent), which ships each partition as lists of
+``[task_index, variation]`` pairs under the keys ``train`` and ``test``, ``task_index`` into the engine's
+``get_task_names()`` (alphabetical order). We derived the rules from RLVMR's ``L0_idx.json``,
+``L1_idx.json`` and ``L2_idx.json`` by comparing their pairs with this engine's own variation lists:
+
+- L0 (3322 train / 1661 test pairs): 29 task types, every one except ``use-thermometer``; train = each
+  type's ScienceWorld *train* variations, test = each type's ScienceWorld *dev* variations. Seen types,
+  unseen variations; no (type, variation) pair is shared.
+- L1 (3322 / 1684): the same 29 types; train = their *train* variations (as L0), test = their ScienceWorld
+  *test* variations.
+- L2 (2242 / 549): unseen types. Test = the ScienceWorld *test* variations of the 10 types in
+  :data:`L2_HELD_OUT`; train = the *train* variations of the other 19 (``use-thermometer`` again left out).
+  The held-out list is RLVMR's choice (mostly the last variant of each topic); we take it as given.
+
+Evidence: every pair of L0 and L2 was compared (no pair missing, extra or repeated); for L1 the first and
+last pages were compared pair by pair and the file's size (262579 characters) equals, to the character,
+that of the rule's pairs written the way the files are (``json.dump`` with ``indent=4``), as it also does for
+L0 (260892) and L2 (146103). The files order pairs by type with variations shuffled (their sampler draws
+pairs at random); ours interleaves the types (variation 1 of every type, then variation 2, …) so that the
+first N tasks of a part, which ``env.num_tasks`` / ``--tasks`` keep, cover many types; the pair sets are the
+same. Why RLVMR leaves out ``use-thermometer`` is not stated there; we follow the files.
 """
 
 from __future__ import annotations
@@ -38,9 +45,19 @@ from envs.textworlds.canonical import listing_canonical
 
 UNKNOWN_ACTION = "No known action matches that input."
 SPLIT_PARTS = ("train", "dev", "test")
-LEVELS = ("L0",)  # partitions by generalization level (see the module docstring)
-L0_EXCLUDED = ("use-thermometer",)  # the one task type RLVMR's L0 leaves out
-L0_PARTS = {"train": "train", "test": "dev"}  # an L0 part -> the ScienceWorld variation list it uses
+LEVELS = ("L0", "L1", "L2")  # partitions by generalization level (see the module docstring)
+L0_EXCLUDED = ("use-thermometer",)  # the one task type RLVMR's partitions leave out
+L2_HELD_OUT = (  # L2's test types, never trained on
+    "change-the-state-of-matter-of", "chemistry-mix-paint-tertiary-color", "find-plant", "grow-plant",
+    "identify-life-stages-2", "inclined-plane-friction-unnamed-surfaces",
+    "lifespan-longest-lived-then-shortest-lived", "measure-melting-point-unknown-substance",
+    "mendelian-genetics-unknown-plant", "test-conductivity-of-unknown-substances",
+)
+LEVEL_PARTS = {  # level -> part -> the ScienceWorld variation list it uses
+    "L0": {"train": "train", "test": "dev"},
+    "L1": {"train": "train", "test": "test"},
+    "L2": {"train": "train", "test": "test"},
+}
 
 
 def parse_task(task: str) -> tuple[str, int]:
@@ -283,21 +300,30 @@ def split_tasks(
 
 def level_tasks(level: str, part: str, cache_dir: str | None = None,
                 world: ScienceWorld | None = None) -> list[str]:
-    """Tasks ``"name:variation"`` of partition ``level`` (``L0``), part ``train`` or ``test``.
+    """Tasks ``"name:variation"`` of partition ``level`` (L0 | L1 | L2), part ``train`` or ``test``.
 
-    L0: every task type but ``use-thermometer``; train = ScienceWorld's train variations, test = its dev
-    variations (derivation in the module docstring). Types are interleaved: variation i of every type, in
-    the engine's task order, then variation i + 1.
+    The rules are in the module docstring. Types are interleaved: variation i of every type (in the engine's
+    task order), then variation i + 1.
     """
     if level not in LEVELS:
         raise ValueError(f"unknown ScienceWorld partition {level!r}; known: {', '.join(LEVELS)}")
-    if part not in L0_PARTS:
-        raise ValueError(f"ScienceWorld partition {level} has the parts {tuple(L0_PARTS)}, got {part!r}")
-    names = [n for n in sorted(task_names()) if n not in L0_EXCLUDED]
+    parts = LEVEL_PARTS[level]
+    if part not in parts:
+        raise ValueError(f"ScienceWorld partition {level} has the parts {tuple(parts)}, got {part!r}")
+    names = level_types(level, part)
     by_name: dict[str, list[str]] = {n: [] for n in names}
-    for task in split_tasks(names, L0_PARTS[part], cache_dir=cache_dir, world=world):
+    for task in split_tasks(names, parts[part], cache_dir=cache_dir, world=world):
         by_name[parse_task(task)[0]].append(task)
     return interleave(list(by_name.values()))
+
+
+def level_types(level: str, part: str) -> list[str]:
+    """The task types of one part of a partition, in the engine's task order."""
+    seen = [n for n in sorted(task_names()) if n not in L0_EXCLUDED]
+    if level != "L2":
+        return seen
+    held_out = set(L2_HELD_OUT)
+    return [n for n in seen if (n in held_out) == (part == "test")]
 
 
 def interleave(groups: Sequence[Sequence[str]]) -> list[str]:

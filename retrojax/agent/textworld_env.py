@@ -12,8 +12,9 @@ Splits (``NAME:PART``, PART ∈ train | dev | test):
   variations follow ScienceWorld's own train/dev/test split.
 - ``scienceworld-L0:train`` / ``scienceworld-L0:test`` — the L0 partition (ReTRAIL's Table 5, RLVMR's
   naming): 29 task types (all but use-thermometer), train = their ScienceWorld train variations, test =
-  their dev variations, types interleaved so a first-N prefix spans many types
-  (``envs.textworlds.scienceworld.level_tasks``).
+  their dev variations; ``scienceworld-L1`` tests on their ScienceWorld test variations, ``scienceworld-L2``
+  on 10 task types it never trains on. Types are interleaved so a first-N prefix spans many types
+  (``envs.textworlds.scienceworld.level_tasks``, which documents how the rules were derived).
 - ``alfworld-gen:PART`` / ``alfworld-gen-heat,cool:PART`` — generated ALFWorld games (``env.num_tasks``
   of them, default 60) cycling over the six task types (or the listed ones).
 - ``alfworld-data:PART`` — real ALFWorld games under ``env.data_dir``: train → ``train``, test →
@@ -317,7 +318,7 @@ def make_scienceworld(cfg: Any, split: str | None = None) -> TextWorldEnv:
     from envs.textworlds.scienceworld import level_tasks, split_tasks
 
     base, part, names = _split(cfg, split, "scienceworld")
-    if len(names) == 1 and re.fullmatch(r"L\d+", names[0]):  # a partition (only L0 exists; others: error)
+    if len(names) == 1 and re.fullmatch(r"L\d+", names[0]):  # a partition: L0 | L1 | L2 (others: an error)
         tasks = _limit(level_tasks(names[0], part, cache_dir=cfg.env.cache_dir), cfg)
     else:
         tasks = _limit(split_tasks(names or None, part, cache_dir=cfg.env.cache_dir), cfg)
