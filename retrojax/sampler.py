@@ -22,8 +22,9 @@ Device (jit, static shapes, cache donated; the cached forward pass is ``Qwen3.hi
 updates the cache in place and limits attention to a power-of-two window of leading slots that covers the
 listed rows — ``min_window`` up to ``max_len``): ``_prefill`` writes up to one bucket of tokens per row
 (``chunk_buckets``; longer chunks go in several calls), ``_decode`` runs the whole decode in one
-``lax.while_loop``: sampling (:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via
-per-token automaton tables (:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
+``lax.while_loop`` (the layers' weights sliced once before it, so no step copies them): sampling
+(:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via per-token automaton tables
+(:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
 per attention window, one per chunk bucket and one per (power-of-two max_new_tokens, stop-id count,
 stop-string table shape).
 
@@ -454,6 +455,7 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
     model = nnx.merge(graphdef, state)
     rows, slots = tok.shape[0], cache.k.shape[2]
     n_strings = table.shape[0]
+    layers = model.layer_weights()  # sliced once per call, outside the loop: no per-step weight copies
     string_idx = jnp.arange(n_strings)[None, :]
 
     def cond(c):
@@ -463,7 +465,7 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
         live = ~c["done"]
         write = jnp.where(live, c["pos"], slots)
         hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write,
-                                          window)
+                                                window, layers)
         logits = model.project(hidden[:, 0])
         new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)
         new_tok = jnp.where(live, new_tok, 0)

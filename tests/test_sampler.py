@@ -6,6 +6,8 @@ cache shape, so the jitted prefill/decode compile once for the whole module.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -267,3 +269,42 @@ def test_windowed_cached_forward_equals_the_full_window(model):
     windowed, win_cache = model.hidden_cached(ids, positions, cache, write_start, window=16)
     np.testing.assert_allclose(np.asarray(windowed)[:2], np.asarray(ref)[:2], atol=1e-6)
     np.testing.assert_array_equal(np.asarray(win_cache.k), np.asarray(ref_cache.k))
+
+
+def test_unrolled_cached_forward_equals_the_layer_scan(model):
+    """Decode loops pass per-layer weight slices (unrolled layers): the same result as the layer scan."""
+    cache = init_cache(model.config, 3, 32)
+    ids = jnp.asarray(prompt(81, 15).reshape(3, 5))
+    write_start = jnp.array([0, 7, 32], jnp.int32)
+    positions = write_start[:, None] + jnp.arange(5)[None]
+    ref, ref_cache = model.hidden_cached(ids, positions, cache, write_start, window=16)
+    out, out_cache = model.hidden_cached(ids, positions, cache, write_start, window=16,
+                                         layers=model.layer_weights())
+    for a, b in ((out, ref), (out_cache.k, ref_cache.k), (out_cache.v, ref_cache.v)):  # fusion-order rounding
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="layers holds 1"):
+        model.hidden_cached(ids, positions, cache, write_start, layers=model.layer_weights()[:1])
+
+
+def test_decode_loop_never_slices_the_stacked_weights_per_step(model):
+    """The compiled decode (the sampler's real jit) takes each layer's weights once, by static slices before
+    the loop; a dynamic-slice of a stacked weight would copy every layer's weights on every step."""
+    from flax import nnx
+
+    from retrojax.sampler import _decode
+
+    s = new_sampler(model)
+    table, lens = s._stop_string_tables(())
+    r = ROWS
+    zeros_i, zeros_f = jnp.zeros((r,), jnp.int32), jnp.zeros((r,), jnp.float32)
+    hlo = _decode.lower(s._graphdef, s._state, s.cache, zeros_i, zeros_i, jnp.full((r,), 4, jnp.int32),
+                        jnp.full((1,), -1, jnp.int32), table, lens, jnp.zeros((r, 1), bool), zeros_f,
+                        jnp.ones((r,), jnp.float32), zeros_i, jax.random.key(0), out_len=16,
+                        window=MIN_WINDOW).compile().as_text()
+    assert "while" in hlo
+    layer_slices = {"1," + ",".join(map(str, w.shape[1:]))
+                    for name, w in nnx.state(model.layers, nnx.Param).items() if not name.endswith("norm")}
+    dynamic = set(re.findall(r"f32\[([\d,]*)\]\{[^}]*\} dynamic-slice\(", hlo))
+    assert not dynamic & layer_slices, f"per-step weight copies: {sorted(dynamic & layer_slices)}"
+    static = set(re.findall(r"f32\[([\d,]*)\]\{[^}]*\} slice\(", hlo))
+    assert layer_slices <= static  # the once-per-call slices are there
