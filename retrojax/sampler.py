@@ -22,11 +22,16 @@ Device (jit, static shapes, cache donated; the cached forward pass is ``Qwen3.hi
 updates the cache in place and limits attention to a power-of-two window of leading slots that covers the
 listed rows — ``min_window`` up to ``max_len``): ``_prefill`` writes up to one bucket of tokens per row
 (``chunk_buckets``; longer chunks go in several calls), ``_decode`` runs the whole decode in one
-``lax.while_loop`` (the layers' weights sliced once before it, so no step copies them): sampling
+``lax.while_loop`` over per-layer copies of the weights (see below): sampling
 (:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via per-token automaton tables
 (:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
 per attention window, one per chunk bucket and one per (power-of-two max_new_tokens, stop-id count,
 stop-string table shape).
+
+Decode reads each layer's weights from its own array (``Qwen3.layer_weights``, sliced once per model and kept
+until ``update_model``): a matmul on CPU cannot read a slice of the stacked weights in place, and slicing per
+step (a layer scan) or per call (page faults on a fresh copy) cost more than the decode itself at real widths.
+The price is one more copy of the layer weights in memory while the sampler holds them.
 
 Capacity: a row holds at most ``max_len`` tokens. ``append`` past it raises :class:`CacheOverflowError` before
 anything is written (check ``room(row)`` first); ``generate`` stops a row that fills up with finish reason
@@ -113,6 +118,7 @@ class Sampler:
         self.min_window = min_window
         self.tokenizer = tokenizer
         self._graphdef, self._state = nnx.split(model)
+        self._layers: list[dict[str, jax.Array]] | None = None  # per-layer weight copies (first decode)
         self.cache: KVCache = place_cache(init_cache(self.config, rows, max_len, cache_dtype or model.dtype),
                                           model)  # on a mesh: rows over data×fsdp, kv heads over tp
         self._stop_tables: StopStringTables | None = None
@@ -168,6 +174,7 @@ class Sampler:
         if model.config != self.config:
             raise SamplerError("update_model needs a model with the same config as the sampler's")
         self._graphdef, self._state = nnx.split(model)
+        self._layers = None
 
     # --- public: device work ------------------------------------------------------------------------
     def append(self, rows: Sequence[int], token_chunks: Sequence[Sequence[int]]) -> None:
@@ -285,9 +292,9 @@ class Sampler:
         window = self._window(max(int(pos[r] + max(limit[r], 1)) for r in rows))
 
         self.cache, out_ids, out_lp, count, why, steps = _decode(
-            self._graphdef, self._state, self.cache, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(limit),
-            jnp.asarray(stop_id_arr), table, table_lens, jnp.asarray(applies),
-            jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), key,
+            self._graphdef, self._state, self._layer_weights(), self.cache, jnp.asarray(tok),
+            jnp.asarray(pos), jnp.asarray(limit), jnp.asarray(stop_id_arr), table, table_lens,
+            jnp.asarray(applies), jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), key,
             out_len=out_len, window=window,
         )
         out_ids, out_lp, count, why = (np.asarray(x) for x in (out_ids, out_lp, count, why))
@@ -374,6 +381,12 @@ class Sampler:
             raise SamplerError("stop_strings need a tokenizer (Sampler(..., tokenizer=...))")
         return out
 
+    def _layer_weights(self) -> list[dict[str, jax.Array]]:
+        """Each layer's weights as separate arrays (sliced once per model; see the module docstring)."""
+        if self._layers is None:
+            self._layers = _slice_layers(self._graphdef, self._state)
+        return self._layers
+
     def _stop_string_tables(self, stop_strings: tuple[str, ...]) -> tuple[jax.Array, jax.Array]:
         """Device copies of the stop-string tables (built and uploaded once per set of strings)."""
         if stop_strings not in self._device_tables:
@@ -448,14 +461,13 @@ def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.
     return model.project(hidden[:, 0]), cache
 
 
-def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens, applies,
-                 temperature, top_p, top_k, key, *, out_len: int, window: int):
+def _decode_impl(graphdef, state, layers, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens,
+                 applies, temperature, top_p, top_k, key, *, out_len: int, window: int):
     """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
     TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
     rows, slots = tok.shape[0], cache.k.shape[2]
     n_strings = table.shape[0]
-    layers = model.layer_weights()  # sliced once per call, outside the loop: no per-step weight copies
     string_idx = jnp.arange(n_strings)[None, :]
 
     def cond(c):
@@ -503,11 +515,17 @@ def _decode_impl(graphdef, state, cache: KVCache, tok, pos, limit, stop_ids, tab
     return c["cache"], c["ids"], c["lp"], c["count"], c["why"], c["i"]
 
 
+def _slice_layers_impl(graphdef, state) -> list[dict[str, jax.Array]]:
+    TRACES["slice_layers"] += 1
+    return nnx.merge(graphdef, state).layer_weights()
+
+
 # Module-level jits: samplers over models of the same architecture share compilations (graphdef is static).
 # MeshFromArgs: on a multi-device mesh they trace under the rollout sharding rules (cache layout kept).
 _prefill = MeshFromArgs(jax.jit(_prefill_impl, static_argnums=(0,), donate_argnums=(2,),
                                 static_argnames=("window",)))
 _next_logits = MeshFromArgs(jax.jit(_next_logits_impl, static_argnums=(0,), donate_argnums=(2,),
                                     static_argnames=("window",)))
-_decode = MeshFromArgs(jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(2,),
+_decode = MeshFromArgs(jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(3,),
                                static_argnames=("out_len", "window")))
+_slice_layers = jax.jit(_slice_layers_impl, static_argnums=(0,))
