@@ -96,6 +96,9 @@ class LearnConfig:
     lambda_ref: float = 0.5
     gamma: float = 1.0
     norm_eps: float = 1e-6
+    # NOT in the paper (C.2: no transition means δ = 0): reward added to each invalid execution turn's δ,
+    # its segment's S and its trial's outcome; 0 = the paper's rule (see learn/advantages.py)
+    invalid_penalty: float = 0.0
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     kl_coef: float = 0.0
@@ -136,8 +139,9 @@ class RunConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    """Warm start on demonstrations (used by the demo)."""
+    """Warm start on demonstrations (the demo runs it when steps > 0; ``retrojax train`` when warm_start)."""
 
+    warm_start: bool = False  # retrojax train: SFT on oracle demonstrations before the RL updates
     steps: int = 300
     batch_size: int = 16
     learning_rate: float = 1e-3

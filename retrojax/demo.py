@@ -159,6 +159,15 @@ def load_checkpoint(cfg: Any) -> tuple[Any, Any]:
 # ---------------------------------------------------------------------------------------------------
 
 
+def special_ids(tokenizer: Any) -> tuple[int, int]:
+    """(end-of-turn id, padding id) of a model tokenizer, or of the byte-level chat tokenizer (which has
+    no padding id: padded positions are masked out, so its end-of-turn id serves)."""
+    end = getattr(tokenizer, "im_end_id", None)
+    end = int(tokenizer.stop_ids[0]) if end is None else int(end)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return end, end if pad is None else int(pad)
+
+
 def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any) -> dict[str, Any]:
     """SFT on every demonstration call (execution and reflection), loss on output tokens + end of turn."""
     from tqdm import tqdm
@@ -166,18 +175,18 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any) -> dict[s
     from retrojax.learn import sft
 
     s = cfg.sft
+    end_id, pad = special_ids(tokenizer)
     calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
-    examples, stats = sft.pack_calls(calls, s.seq_len, end_id=tokenizer.im_end_id)
+    examples, stats = sft.pack_calls(calls, s.seq_len, end_id=end_id)
     if not examples:
         raise ValueError(f"no demonstration fits sft.seq_len={s.seq_len} tokens ({stats.dropped} dropped)")
     rng = np.random.default_rng(cfg.run.seed)
     order = rng.permutation(len(examples))
     held = [examples[i] for i in order[: max(1, len(examples) // 10)]]
     train = [examples[i] for i in order[max(1, len(examples) // 10):]] or held
-    pad = tokenizer.pad_token_id
     buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
     chunk = cfg.learn.logprob_chunk
-    nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=[s.seq_len])
+    nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
     bar = tqdm(total=s.steps, desc="sft", unit="step")
 
     def progress(step: int, m: dict[str, float]) -> None:
@@ -192,7 +201,7 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any) -> dict[s
                                 buckets=buckets, chunk=chunk)
     finally:
         bar.close()
-    nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=[s.seq_len])
+    nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
     return {"pack": dataclasses.asdict(stats), "train_examples": len(train), "held_out_examples": len(held),
             "held_out_nll_before": nll_before, "held_out_nll_after": nll_after,
             "final_train_loss": float(np.mean([h["loss"] for h in history[-10:]])),

@@ -21,6 +21,12 @@ Estimators (``LearnConfig.estimator``):
 - ``gigpo_retro``: GiGPO credit for decisions inside the retrospective framework, plus A_ref for reflections.
 
 ``Norm`` subtracts the group mean and divides by (population std + ε); singleton and constant groups give 0.
+
+``invalid_penalty`` (NOT in the paper, default 0: C.2 gives a decision with no environment transition δ = 0)
+adds a fixed reward to every invalid execution turn (unparseable or cut-off output): to its δ, to the endpoint
+score S of the segment it was made in, and to its trial's outcome. With a weak policy whose group has no
+success, δ = 0 for an invalid turn against −0.1 per Sokoban move ranks doing nothing above acting; a penalty
+equal to the move cost removes that preference (measured in ``retrojax bench learn``).
 """
 
 from __future__ import annotations
@@ -179,9 +185,22 @@ def _outcome_credit(task_trials: list[tuple[int, int]], outcomes: dict[tuple[int
     return dict(zip(task_trials, adv.tolist(), strict=True))
 
 
+def _invalid_counts(calls: Iterable[CallRecord]) -> tuple[dict[tuple[int, int, int], int],
+                                                           dict[tuple[int, int], int]]:
+    """Invalid execution turns per (task, trial, segment) and per (task, trial)."""
+    per_segment: dict[tuple[int, int, int], int] = defaultdict(int)
+    per_trial: dict[tuple[int, int], int] = defaultdict(int)
+    for c in calls:
+        if c.role == EXECUTION and not c.valid:
+            per_segment[(c.task, c.trial, c.segment)] += 1
+            per_trial[(c.task, c.trial)] += 1
+    return per_segment, per_trial
+
+
 def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_state: float = 1.0,
                        gamma: float = 1.0, eps: float = 1e-6,
-                       reflection_reward_kind: str = "advancement") -> Advantages:
+                       reflection_reward_kind: str = "advancement",
+                       invalid_penalty: float = 0.0) -> Advantages:
     """Credits for every trained call of ``archive`` under ``estimator`` (see the module docstring)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
@@ -194,10 +213,14 @@ def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_s
     seg_calls = _segments_of_decisions(archive.calls)
     seg_sizes = {k: len(v) for k, v in seg_calls.items()}
     seg_scores = {(s.task, s.trial, s.index): float(s.score) for s in archive.segments}
+    invalid_seg, invalid_trial = _invalid_counts(archive.calls) if invalid_penalty else ({}, {})
+    for k, n in invalid_seg.items():
+        if k in seg_scores:
+            seg_scores[k] += invalid_penalty * n
 
     returns: dict[tuple[int, int, int], float] = {}
     for seg in seg_calls.values():
-        g = returns_to_go([c.reward for c in seg], gamma)
+        g = returns_to_go([c.reward + (0.0 if c.valid else invalid_penalty) for c in seg], gamma)
         for c, gq in zip(seg, g.tolist(), strict=True):
             returns[(c.task, c.trial, c.call_index)] = gq
 
@@ -205,6 +228,9 @@ def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_s
     local: dict[tuple[int, int, int], float] = {}
     exec_adv: dict[tuple[int, int, int], float] = {}
     outcomes = _trial_outcomes(archive)
+    for k, n in invalid_trial.items():
+        if k in outcomes:
+            outcomes[k] += invalid_penalty * n
 
     by_task: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for key in seg_calls:
@@ -263,7 +289,8 @@ def advantages_from_config(archive: Archive, learn_cfg) -> Advantages:
     """``compute_advantages`` with the fields of a ``LearnConfig``."""
     return compute_advantages(archive, learn_cfg.estimator, lambda_state=learn_cfg.lambda_state,
                               gamma=learn_cfg.gamma, eps=learn_cfg.norm_eps,
-                              reflection_reward_kind=learn_cfg.reflection_reward)
+                              reflection_reward_kind=learn_cfg.reflection_reward,
+                              invalid_penalty=getattr(learn_cfg, "invalid_penalty", 0.0))
 
 
 def _stats(credits: list[Credit], r_ref: dict, ineligible: int) -> dict[str, float]:

@@ -276,6 +276,7 @@ class Trainer:
                 self.params, self.opt_state, m = self.update(self.params, self.opt_state, b)
                 step_metrics.append(m)
                 self.optimizer_steps += 1
+        jax.block_until_ready((self.params, step_metrics))  # dispatch is async: time/learn_s is the compute
         t2 = time.perf_counter()
         self.iteration += 1
         metrics: dict[str, float] = {"iteration": float(self.iteration),
