@@ -516,6 +516,7 @@ def _decode_impl(graphdef, state, layers, cache: KVCache, tok, pos, limit, stop_
 
 
 def _slice_layers_impl(graphdef, state) -> list[dict[str, jax.Array]]:
+    """The model's per-layer weight copies for ``_decode`` (one jit per architecture)."""
     TRACES["slice_layers"] += 1
     return nnx.merge(graphdef, state).layer_weights()
 

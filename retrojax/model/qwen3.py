@@ -472,7 +472,8 @@ class Qwen3(nnx.Module):
         layers. Without it they run as a ``lax.scan`` over the stacked weights, which slices (copies) each
         layer's weights per call but compiles in a fraction of the time (prefill: many tokens per call).
         Either way each layer scatters its keys/values at ``[layer, row, slot]`` of the stacked cache, which
-        XLA updates in place when the cache is donated.
+        XLA updates in place when the cache is donated (in the scan it is loop carry: as scanned input/output
+        the whole cache would be re-stacked every step).
         """
         c = self.config
         h = self._embed(input_ids)
