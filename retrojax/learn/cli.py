@@ -1,4 +1,11 @@
-"""``retrojax train``: load the config, build model and tokenizer, fit, export the policy."""
+"""``retrojax train``: load the config, build model and tokenizer, optionally warm-start, fit, export.
+
+With ``sft.warm_start: true`` the policy is first fine-tuned on the scripted oracle's demonstrations (the
+demo's warm start: solver and recovery play through the real trial loop, loss on the model's own tokens),
+so that RL starts from a policy that writes parseable actions and sometimes succeeds: from a random tiny
+model every trial fails alike and every advantage is zero. A resumed run with a checkpoint skips it (the
+checkpoint already holds the warm-started and trained weights).
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,41 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from retrojax.learn.trainer import Trainer, validate_learn_config
 from retrojax.model.build import build_model, build_tokenizer
+
+
+def warm_start(cfg: Any, model: Any, tokenizer: Any, resume: bool) -> dict[str, Any] | None:
+    """SFT of ``model`` in place on oracle demonstrations of the training split when the config asks.
+
+    Returns the SFT figures (demonstrations, held-out NLL before/after), or None when skipped.
+    """
+    if not cfg.sft.warm_start:
+        return None
+    if cfg.sft.steps < 1:
+        raise ValueError(f"sft.warm_start needs sft.steps >= 1, got {cfg.sft.steps}")
+    from retrojax import demo
+    from retrojax.agent.env_api import make_env
+    from retrojax.learn.checkpoint import TrainCheckpoints
+
+    ckpt_dir = Path(cfg.run.out_dir) / "checkpoints"
+    if resume and ckpt_dir.exists() and TrainCheckpoints(ckpt_dir).latest_step() is not None:
+        print("[train] resuming from a checkpoint: no warm start", file=sys.stderr)
+        return None
+    env = make_env(cfg, f"{cfg.env.split.split(':')[0]}:train")
+    try:
+        demos, demo_stats = demo.run_demonstrations(cfg, env, tokenizer)
+    finally:
+        env.close()
+    stats = demo.warm_start(cfg, model, demos, tokenizer)
+    out = {"demonstrations": demo_stats, "steps": cfg.sft.steps,
+           "held_out_nll_before": stats["held_out_nll_before"],
+           "held_out_nll_after": stats["held_out_nll_after"],
+           "final_train_loss": stats["final_train_loss"], "trained_tokens": stats["pack"]["own_tokens"]}
+    print("[train] warm start: " + json.dumps(out), file=sys.stderr)
+    return out
 
 
 def main(args: argparse.Namespace) -> int:
@@ -18,21 +57,29 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = load(args.config, args.overrides)
         validate_learn_config(cfg.learn)
+        if cfg.sft.warm_start and cfg.sft.steps < 1:
+            raise ValueError(f"sft.warm_start needs sft.steps >= 1, got {cfg.sft.steps}")
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     from retrojax.parallel.distributed import setup
 
     setup(cfg)  # jax.distributed (multi-process runs) and the compile cache, before any device work
+    resume = bool(getattr(args, "resume", False))
     model = build_model(cfg)
     tokenizer = build_tokenizer(cfg)
+    sft_figures = warm_start(cfg, model, tokenizer, resume)
     trainer = Trainer(cfg, model, tokenizer)
     try:
-        history = trainer.fit(resume=bool(getattr(args, "resume", False)))
+        history = trainer.fit(resume=resume)
         out = trainer.export(Path(trainer.out_dir) / "policy")
     finally:
         trainer.close()
     last = history[-1] if history else {}
     shown = {k: v for k, v in last.items() if k.startswith(("train/loss", "rollout/", "eval/"))}
-    print(json.dumps({"iterations": trainer.iteration, "policy": str(out), "last": shown}))
+    summary: dict[str, Any] = {"iterations": trainer.iteration, "policy": str(out), "last": shown}
+    if sft_figures is not None:
+        keys = ("steps", "held_out_nll_before", "held_out_nll_after")
+        summary["warm_start"] = {k: sft_figures[k] for k in keys}
+    print(json.dumps(summary))
     return 0
