@@ -388,7 +388,9 @@ def run(cfg: Any) -> Path:
     lc = cfg.learn
     facts["RL"] = (f"{len(history)} updates x {lc.tasks_per_update} tasks x {cfg.trial.trials_per_task} "
                    f"trials ({cfg.trial.protocol}), estimator {lc.estimator}, reflection reward "
-                   f"{lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}")
+                   f"{lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}"
+                   + (f", invalid-turn penalty {lc.invalid_penalty} (ours, not the paper's: C.2 gives δ = 0)"
+                      if lc.invalid_penalty else ""))
     facts["budgets"] = (f"{cfg.trial.max_calls} calls per trial, branch budget {cfg.trial.branch_budget}, "
                         f"{cfg.trial.prompt_style} prompts, temperature {cfg.sampler.temperature}")
     notes = closing_notes(results, history, cfg)
