@@ -20,7 +20,9 @@ SHRUNK = [
 def test_demo_config_loads_and_sizes_its_batches_alike():
     cfg = config.load("configs/demo.yaml")
     rows_eval = cfg.eval.num_tasks * len(cfg.eval.protocols) * cfg.eval.seeds
-    assert rows_eval == cfg.learn.tasks_per_update * cfg.trial.trials_per_task
+    rows_train = cfg.learn.tasks_per_update * cfg.trial.trials_per_task
+    # one sampler shape: an RL batch fills the max_inflight rows; evaluation streams through the same rows
+    assert cfg.sampler.max_inflight == rows_train <= rows_eval
     assert cfg.trial.prompt_style == "compact" and cfg.sft.steps > 0 and cfg.learn.updates > 0
 
 
