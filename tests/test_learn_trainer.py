@@ -111,16 +111,19 @@ def test_cli_reports_a_bad_config(tmp_path, capsys):
     assert "learn.estimator" in capsys.readouterr().err
 
 
-def test_real_trial_loop_smoke(tmp_path):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_real_trial_loop_smoke(tmp_path, temperature):
     """One update through the agent runner with a tiny random Qwen3: the sampler's log-probs match θ_old's
-    recomputation and the update runs on the recorded tokens (a KL term keeps zero-advantage calls in)."""
+    recomputation and the update runs on the recorded tokens (a KL term keeps zero-advantage calls in). Below
+    temperature 1 the learner scores the tempered distribution the rollouts were drawn from, so the gap stays
+    at rounding level (scoring them untempered put it near 1 nat)."""
     from retrojax.config import load
     from retrojax.model.build import build_model, build_tokenizer
 
     cfg = load("configs/sokoban_tiny.yaml", [
         f"run.out_dir={tmp_path}", "learn.updates=1", "learn.tasks_per_update=1", "trial.trials_per_task=2",
         "learn.kl_coef=0.01", "learn.seq_buckets=[2048]", "eval.every=-1", "env.num_tasks=4",
-        "trial.max_calls=3"])
+        "trial.max_calls=3", f"sampler.temperature={temperature}"])
     tr = Trainer(cfg, build_model(cfg), build_tokenizer(cfg), progress=False, tensorboard=False)
     try:
         (h,) = tr.fit()

@@ -32,11 +32,11 @@ move costs keeps invalid turns flat (0.13–0.63). ``--set learn.invalid_penalty
 What limits the bench is the SFT start: a 2.2M-parameter Qwen3 after 100 steps solves ~5–10% of 1-box
 5x5 rooms, and 6 updates of 32 trials do not move that by 0.2.
 
-``learn.old_logprobs = recompute``: the sampler records log-probs of the tempered distribution it drew from,
-while the update's π_θ is untempered, so below temperature 1 the clipped ratio is biased from the first step
-(likely tokens start below 1 − ε, unlikely ones above 1 + ε). The measured runs above used the sampler's
-log-probs at temperature 0.7 and carry that bias; the default now recomputes θ_old (one more forward pass
-per microbatch) and has not been measured yet.
+The two runs above predate the learner's fix for sampling temperature: the sampler records log-probs of the
+tempered distribution it drew from, and the update then scored π_θ untempered, so below temperature 1 the
+clipped ratio was biased from the first step (likely tokens started below 1 − ε, unlikely ones above 1 + ε).
+The learner now scores tokens at the sampling temperature (``retrojax.learn.update.policy_temperature``), so
+the sampler's log-probs are θ_old's again (gap at rounding level, tested at temperature 0.6).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from typing import Any
 BENCH = [
     "eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1", "sft.steps=100", "sft.seq_len=768",
     "sampler.temperature=0.7", "learn.updates=6", "learn.tasks_per_update=2", "trial.trials_per_task=16",
-    "learn.invalid_penalty=-0.1", "learn.old_logprobs=recompute",
+    "learn.invalid_penalty=-0.1",
 ]
 QUICK = [
     "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.num_solver_episodes=6",

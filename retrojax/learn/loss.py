@@ -27,10 +27,11 @@ def merge_params(graphdef: Any, template: Any, params: dict) -> Any:
 
 
 def model_logprobs(graphdef: Any, template: Any, params: dict, batch: dict[str, jax.Array],
-                   chunk: int) -> jax.Array:
+                   chunk: int, temperature: float = 1.0) -> jax.Array:
+    """Per-token log-probs of the batch's targets under the policy as sampled (at ``temperature``)."""
     model = merge_params(graphdef, template, params)
     return token_logprobs(model, batch["input_ids"], batch["targets"],
-                          attention_mask=batch["attention_mask"], chunk=chunk)
+                          attention_mask=batch["attention_mask"], chunk=chunk, temperature=temperature)
 
 
 def surrogate_loss(new_lp: jax.Array, batch: dict[str, jax.Array], *, clip_eps: float,

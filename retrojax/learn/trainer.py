@@ -153,8 +153,10 @@ class Trainer:
         self.plan = _plan(cfg, model, self.tx)
         self.update = Update(self.graphdef, self.template, self.tx, clip_eps=self.learn.clip_eps,
                              clip_eps_high=self.learn.clip_eps_high, kl_coef=self.learn.kl_coef,
-                             chunk=self.learn.logprob_chunk, plan=self.plan)
-        self.logprobs = LogProbs(self.graphdef, self.template, chunk=self.learn.logprob_chunk, plan=self.plan)
+                             chunk=self.learn.logprob_chunk, plan=self.plan,
+                             temperature=cfg.sampler.temperature)  # rollouts are scored as they were sampled
+        self.logprobs = LogProbs(self.graphdef, self.template, chunk=self.learn.logprob_chunk, plan=self.plan,
+                                 temperature=cfg.sampler.temperature)
         if self.plan is None:
             self.params = params
             self.opt_state = self.tx.init(params)
@@ -312,8 +314,8 @@ class Trainer:
         gap_max, gap_mean = float(g[:, 0].max()), float(g[:, 1].sum() / count)
         if gap_max > 1e-2 and self.learn.old_logprobs == "sampler" and not self._warned_gap:
             self._warned_gap = True
-            print(f"warning: sampler log-probs differ from θ_old's by up to {gap_max:.3g} (temperature or "
-                  "top-p/k ≠ 1?); the ratio uses the sampler's. Set learn.old_logprobs=recompute to use "
+            print(f"warning: sampler log-probs differ from θ_old's by up to {gap_max:.3g} (top-p/k "
+                  "filtering?); the ratio uses the sampler's. Set learn.old_logprobs=recompute to use "
                   "the model's own.", file=sys.stderr)
         return {"check/logprob_gap_mean": gap_mean, "check/logprob_gap_max": gap_max}
 

@@ -65,8 +65,9 @@ class Update:
 
     def __init__(self, graphdef: Any, template: Any, tx: optax.GradientTransformation, *,
                  clip_eps: float = 0.2, clip_eps_high: float | None = None, kl_coef: float = 0.0,
-                 chunk: int = 512, plan: Any = None):
+                 chunk: int = 512, plan: Any = None, temperature: float = 1.0):
         self.traces = 0
+        self.temperature = policy_temperature(temperature)
         self.graphdef, self.template, self.tx = graphdef, template, tx
         self.loss_kwargs = dict(clip_eps=clip_eps, clip_eps_high=clip_eps_high, kl_coef=kl_coef)
         self.chunk = chunk
@@ -91,7 +92,7 @@ class Update:
                                    False if plan is None else plan.strict)
 
     def loss(self, params: Params, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
-        new_lp = model_logprobs(self.graphdef, self.template, params, batch, self.chunk)
+        new_lp = model_logprobs(self.graphdef, self.template, params, batch, self.chunk, self.temperature)
         return surrogate_loss(new_lp, batch, **self.loss_kwargs)
 
     def _grads(self, params: Params, batch: dict[str, jax.Array]):
@@ -132,8 +133,10 @@ class Update:
 class LogProbs:
     """Jitted per-token log-probs of a batch under given params (old-logprob check, frozen reference)."""
 
-    def __init__(self, graphdef: Any, template: Any, chunk: int = 512, plan: Any = None):
+    def __init__(self, graphdef: Any, template: Any, chunk: int = 512, plan: Any = None,
+                 temperature: float = 1.0):
         self.graphdef, self.template, self.chunk, self.plan = graphdef, template, chunk, plan
+        self.temperature = policy_temperature(temperature)
         if plan is None:
             self._jitted = jax.jit(self._run)
             self._gap = jax.jit(_gap)
@@ -144,7 +147,7 @@ class LogProbs:
 
     def _run(self, params: Params, input_ids: jax.Array, targets: jax.Array, attention_mask: jax.Array):
         batch = {"input_ids": input_ids, "targets": targets, "attention_mask": attention_mask}
-        return model_logprobs(self.graphdef, self.template, params, batch, self.chunk)
+        return model_logprobs(self.graphdef, self.template, params, batch, self.chunk, self.temperature)
 
     def __call__(self, params: Params, batch: dict[str, Any]) -> jax.Array:
         plan = self.plan
@@ -156,13 +159,22 @@ class LogProbs:
         return self._gap(logprobs, old, mask)
 
 
+def policy_temperature(sampling_temperature: float) -> float:
+    """The temperature the learner scores tokens at: the rollouts' own (their log-probs are of softmax(z/T)),
+    or 1 for greedy rollouts (temperature 0), whose recorded log-probs are the model's own."""
+    t = float(sampling_temperature)
+    if not t >= 0:
+        raise ValueError(f"sampling temperature must be >= 0, got {sampling_temperature}")
+    return t if t > 0 else 1.0
+
+
 def _gap(lp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
     d = jnp.where(mask, jnp.abs(lp - old), 0.0)
     return jnp.stack([jnp.max(d, initial=0.0), jnp.sum(d), jnp.sum(mask).astype(jnp.float32)])
 
 
 def make_update(model: nnx.Module, learn_cfg: Any, total_steps: int, mesh: Any = None, overrides: Any = (),
-                strict: bool = False) -> tuple[Update, Params, Any]:
+                strict: bool = False, temperature: float = 1.0) -> tuple[Update, Params, Any]:
     """(update, params, opt_state) for ``model`` under a ``LearnConfig``; on ``mesh``, placed by its plan."""
     graphdef, template, params = split_model(model)
     tx, _ = make_optimizer(learn_cfg, total_steps)
@@ -173,6 +185,7 @@ def make_update(model: nnx.Module, learn_cfg: Any, total_steps: int, mesh: Any =
         plan = make_plan(model, mesh, overrides, strict, tx)
         params = place_params(params, plan.params)
     upd = Update(graphdef, template, tx, clip_eps=learn_cfg.clip_eps, clip_eps_high=learn_cfg.clip_eps_high,
-                 kl_coef=learn_cfg.kl_coef, chunk=learn_cfg.logprob_chunk, plan=plan)
+                 kl_coef=learn_cfg.kl_coef, chunk=learn_cfg.logprob_chunk, plan=plan,
+                 temperature=temperature)
     opt_state = tx.init(params) if plan is None else init_optimizer(tx, params, plan)
     return upd, params, opt_state

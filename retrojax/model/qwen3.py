@@ -513,8 +513,12 @@ class Qwen3(nnx.Module):
 
 
 def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
-                   attention_mask: jax.Array | None = None, chunk: int = 512) -> jax.Array:
+                   attention_mask: jax.Array | None = None, chunk: int = 512,
+                   temperature: float = 1.0) -> jax.Array:
     """log p(targets[b, t] | input_ids[b, :t+1]) as float32 [B, T], without materializing [B, T, V] logits.
+
+    ``temperature`` (a Python float) scores the tempered distribution softmax(logits / T), the one a sampler
+    at temperature T draws from, so a learner's ratio π_θ/π_old compares like with like; 1.0: the model's own.
 
     The LM head and log-softmax run over sequence chunks inside a rematerialized scan, so the backward pass
     holds one chunk's logits at a time. Differentiable with respect to the model's parameters.
@@ -526,6 +530,9 @@ def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, posit
         raise ValueError(f"targets shape {targets.shape} != input_ids shape {(b, t)}")
     if chunk <= 0:
         raise ValueError(f"chunk must be positive, got {chunk}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    inv_t = 1.0 / float(temperature)
     chunk = min(chunk, t)
     n = math.ceil(t / chunk)
     pad = n * chunk - t
@@ -539,6 +546,8 @@ def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, posit
     def one(h, tgt):
         logits = constrain(jnp.einsum("bch,vh->bcv", h, head, preferred_element_type=jnp.float32),
                            ("batch", "seq", "act_vocab"))
+        if inv_t != 1.0:
+            logits = logits * inv_t
         picked = jnp.take_along_axis(logits, tgt[..., None], axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(logits, axis=-1)
 
