@@ -319,9 +319,10 @@ def make_scienceworld(cfg: Any, split: str | None = None) -> TextWorldEnv:
 
     base, part, names = _split(cfg, split, "scienceworld")
     if len(names) == 1 and re.fullmatch(r"L\d+", names[0]):  # a partition: L0 | L1 | L2 (others: an error)
-        tasks = _limit(level_tasks(names[0], part, cache_dir=cfg.env.cache_dir), cfg)
+        tasks = level_tasks(names[0], part, cache_dir=cfg.env.cache_dir)
     else:
-        tasks = _limit(split_tasks(names or None, part, cache_dir=cfg.env.cache_dir), cfg)
+        tasks = split_tasks(names or None, part, cache_dir=cfg.env.cache_dir)
+    tasks = _limit(tasks, cfg)
     kwargs = {"step_limit": cfg.env.text_step_limit, "cache_dir": cfg.env.cache_dir}
     return TextWorldEnv("scienceworld", tasks, split=f"{base}:{part}", num_workers=cfg.env.text_workers,
                         timeout_s=cfg.env.step_timeout_s, world_kwargs=kwargs)

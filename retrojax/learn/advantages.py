@@ -290,7 +290,7 @@ def advantages_from_config(archive: Archive, learn_cfg) -> Advantages:
     return compute_advantages(archive, learn_cfg.estimator, lambda_state=learn_cfg.lambda_state,
                               gamma=learn_cfg.gamma, eps=learn_cfg.norm_eps,
                               reflection_reward_kind=learn_cfg.reflection_reward,
-                              invalid_penalty=getattr(learn_cfg, "invalid_penalty", 0.0))
+                              invalid_penalty=learn_cfg.invalid_penalty)
 
 
 def _stats(credits: list[Credit], r_ref: dict, ineligible: int) -> dict[str, float]:

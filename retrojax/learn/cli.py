@@ -26,8 +26,6 @@ def warm_start(cfg: Any, model: Any, tokenizer: Any, resume: bool) -> dict[str, 
     """
     if not cfg.sft.warm_start:
         return None
-    if cfg.sft.steps < 1:
-        raise ValueError(f"sft.warm_start needs sft.steps >= 1, got {cfg.sft.steps}")
     from retrojax import demo
     from retrojax.agent.env_api import make_env
     from retrojax.learn.checkpoint import TrainCheckpoints
