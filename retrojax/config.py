@@ -9,6 +9,7 @@ run's whole configuration is readable in one place; the modules that consume the
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -108,6 +109,7 @@ class LearnConfig:
     max_grad_norm: float = 1.0
     updates: int = 100
     tasks_per_update: int = 4
+    train_tasks: int | None = None  # RL draws its tasks from the first N training levels (None = all of them)
     minibatches: int = 1
     logprob_chunk: int = 512
     seq_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
@@ -262,6 +264,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     """Check ``value`` against the annotation ``tp``; convert only lossless cases (int→float, list→tuple)."""
     origin = typing.get_origin(tp)
@@ -300,6 +305,8 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 (PyYAML) reads 1e-3 without a dot as a string
     elif tp is str:
         if isinstance(value, str):
             return value

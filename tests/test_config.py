@@ -81,3 +81,16 @@ def test_shipped_configs_load():
     files = sorted(root.glob("*.yaml"))
     for f in files:
         C.load(f)
+
+
+@pytest.mark.parametrize("text, value", [("1e-3", 1e-3), ("3E+2", 300.0), ("-2.5e-1", -0.25), (".5", 0.5)])
+def test_float_in_exponent_form_is_accepted(tmp_path, text, value):
+    """PyYAML (YAML 1.1) reads ``1e-3`` without a dot as a string; a float field still takes it."""
+    cfg = C.load(None, [f"learn.learning_rate={text}"])
+    assert cfg.learn.learning_rate == pytest.approx(value)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"learn:\n  learning_rate: {text}\n")
+    assert C.load(path).learn.learning_rate == pytest.approx(value)
+    with pytest.raises(C.ConfigError, match="learning_rate"):
+        C.load(None, ["learn.learning_rate=1e-3x"])
+

@@ -97,6 +97,22 @@ def test_kill_and_resume_gives_the_same_params(tmp_path):
     resumed.close()
 
 
+def test_train_tasks_keeps_the_learner_on_a_pool(tmp_path):
+    """``learn.train_tasks`` N: each collected group is one of the first N training levels, each revisited."""
+    seen: list[int] = []
+
+    def recording(model, tasks, seeds):
+        seen.extend(int(t) for t in tasks)
+        return collect(model, tasks, seeds)
+
+    t = Trainer(config(tmp_path, train_tasks=2, updates=3), micro_model(), collect=recording,
+                evaluate=evaluate, num_tasks=5, tensorboard=False, progress=False)
+    t.fit()
+    assert sorted(seen) == [0, 0, 0, 1, 1, 1]
+    with pytest.raises(ValueError, match="train_tasks"):
+        trainer(tmp_path, train_tasks=0)
+
+
 def test_bad_learn_settings_are_rejected(tmp_path):
     with pytest.raises(ValueError, match="old_logprobs"):
         trainer(tmp_path, old_logprobs="fresh")

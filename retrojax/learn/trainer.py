@@ -122,6 +122,8 @@ def validate_learn_config(lc: Any) -> None:
     for name in ("epochs", "minibatches", "tasks_per_update", "max_batch_tokens", "logprob_chunk"):
         if getattr(lc, name) < 1:
             problems.append(f"learn.{name} must be ≥ 1, got {getattr(lc, name)}")
+    if lc.train_tasks is not None and lc.train_tasks < 1:
+        problems.append(f"learn.train_tasks must be ≥ 1 (null: every training level), got {lc.train_tasks}")
     if not lc.seq_buckets or min(lc.seq_buckets) < 2:
         problems.append(f"learn.seq_buckets must list lengths ≥ 2, got {lc.seq_buckets}")
     if lc.clip_eps <= 0 or (lc.clip_eps_high is not None and lc.clip_eps_high <= 0):
@@ -169,6 +171,8 @@ class Trainer:
         self.iteration = 0
         self.optimizer_steps = 0
         self.key = jax.random.PRNGKey(cfg.run.seed)
+        if self.learn.train_tasks is not None:  # a training pool: the first N levels, revisited every epoch
+            num_tasks = min(num_tasks, self.learn.train_tasks)
         self.tasks = TaskStream(num_tasks, cfg.run.seed)
         self.history: list[dict[str, float]] = []
         self._ckpt: TrainCheckpoints | None = None
