@@ -386,9 +386,11 @@ def run(cfg: Any) -> Path:
         if k_proto is not None:
             attempts[f"{label} ({k_proto})"] = attempts_curve(arch, k_proto)
     lc = cfg.learn
-    facts["RL"] = (f"{len(history)} updates x {lc.tasks_per_update} tasks x {cfg.trial.trials_per_task} "
-                   f"trials ({cfg.trial.protocol}), estimator {lc.estimator}, reflection reward "
-                   f"{lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}"
+    pool = (f" drawn from the first {trainer.tasks.num_tasks} training levels" if lc.train_tasks is not None
+            else "")
+    facts["RL"] = (f"{len(history)} updates x {lc.tasks_per_update} tasks{pool} x "
+                   f"{cfg.trial.trials_per_task} trials ({cfg.trial.protocol}), estimator {lc.estimator}, "
+                   f"reflection reward {lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}"
                    + (f", invalid-turn penalty {lc.invalid_penalty} (ours, not the paper's: C.2 gives δ = 0)"
                       if lc.invalid_penalty else ""))
     facts["budgets"] = (f"{cfg.trial.max_calls} calls per trial, branch budget {cfg.trial.branch_budget}, "
@@ -402,7 +404,8 @@ def run(cfg: Any) -> Path:
     summary = {"results": results, "deltas": {k: report.deltas(v) for k, v in results.items()},
                "sft": sft_stats, "demonstrations": demo_stats, "curve": curve, "attempts": attempts,
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
-               "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path)}
+               "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path),
+               "train_tasks": trainer.tasks.num_tasks}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return path
 

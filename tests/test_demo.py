@@ -14,6 +14,7 @@ SHRUNK = [
     "sft.num_solver_episodes=6", "sft.num_recovery_episodes=6", "sft.oracle_epsilon=0.5",
     "learn.updates=1", "learn.tasks_per_update=3", "trial.trials_per_task=3", "learn.seq_buckets=[1024]",
     "eval.num_tasks=3", "sampler.max_len=1024", "sampler.chunk_buckets=[64]", "trial.max_calls=6",
+    "learn.train_tasks=3",
 ]
 
 
@@ -49,9 +50,11 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     assert summary["sft"]["pack"]["own_tokens"] > 0 and np.isfinite(summary["sft"]["held_out_nll_after"])
     assert summary["demonstrations"]["recovery"]["trials"] == 6
     assert len(summary["curve"]) == 1 and 0.0 <= summary["curve"][0]["success"] <= 1.0
+    assert summary["train_tasks"] == 3  # RL's pool: the first 3 training levels
 
     report = (out / "report.md").read_text()
     assert "| SFT | T@3 |" in report and "| RL | P@1 |" in report and "Δref" in report
+    assert "drawn from the first 3 training levels" in report
     for png in ("success_by_protocol.png", "learning_curve.png", "success_vs_attempts.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert any((out / "rl" / "checkpoints").iterdir())

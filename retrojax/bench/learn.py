@@ -71,6 +71,8 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
     curve = summary["curve"]
     out: dict[str, Any] = {"learn.updates": len(curve), "learn.wall_s": float(wall_s),
                            "learn.rl_wall_s": float(curve[-1]["wall_s"]) if curve else 0.0}
+    if summary.get("train_tasks") is not None:
+        out["learn.train_tasks"] = int(summary["train_tasks"])
     change = batch_success_change(curve, window=2)
     if change is not None:
         for name in ("first", "last"):
