@@ -93,4 +93,3 @@ def test_float_in_exponent_form_is_accepted(tmp_path, text, value):
     assert C.load(path).learn.learning_rate == pytest.approx(value)
     with pytest.raises(C.ConfigError, match="learning_rate"):
         C.load(None, ["learn.learning_rate=1e-3x"])
-
