@@ -149,6 +149,8 @@ class Trainer:
         if num_tasks is None:
             env = getattr(self.collect, "env", None)
             num_tasks = int(env.num_tasks) if env is not None else train_split_size(cfg)
+        if self.learn.train_tasks is not None:  # a training pool: the first N levels, revisited every epoch
+            num_tasks = min(num_tasks, self.learn.train_tasks)
         self.graphdef, self.template, params = split_model(model)
         total = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
         self.tx, self.schedule = make_optimizer(self.learn, total)
@@ -171,8 +173,6 @@ class Trainer:
         self.iteration = 0
         self.optimizer_steps = 0
         self.key = jax.random.PRNGKey(cfg.run.seed)
-        if self.learn.train_tasks is not None:  # a training pool: the first N levels, revisited every epoch
-            num_tasks = min(num_tasks, self.learn.train_tasks)
         self.tasks = TaskStream(num_tasks, cfg.run.seed)
         self.history: list[dict[str, float]] = []
         self._ckpt: TrainCheckpoints | None = None
