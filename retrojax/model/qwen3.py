@@ -340,10 +340,28 @@ def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
 _ACT = ("batch", "seq", "act_embed")
 
 
+def _with_adapter(out: jax.Array, x: jax.Array, p: Mapping[str, jax.Array], name: str) -> jax.Array:
+    """``out`` (x times weight ``name``) plus the weight's low-rank adapter when the layer carries one.
+
+    ``name_lora_a`` [in..., r] (already scaled by alpha / r) and ``name_lora_b`` [r, out...] come from
+    retrojax.model.lora's layers; x [B, T, in...]. The adapter path runs in the adapter's dtype (fp32
+    adapters on a bf16 base), as PEFT does. Without adapters this returns ``out`` untouched.
+    """
+    a = p.get(f"{name}_lora_a")
+    if a is None:
+        return out
+    a = a.reshape(*x.shape[2:], a.shape[-1])
+    xa = jnp.tensordot(x.astype(a.dtype), a, axes=a.ndim - 1)
+    return out + jnp.tensordot(xa, p[f"{name}_lora_b"], axes=1).astype(out.dtype)
+
+
 def _qkv(p: Mapping[str, jax.Array], x: jax.Array, positions: jax.Array, c: Qwen3Config):
-    q = constrain(jnp.einsum("bth,hnd->btnd", x, p["q"]), ("batch", "seq", "act_heads", None))
-    k = constrain(jnp.einsum("bth,hkd->btkd", x, p["k"]), ("batch", "seq", "act_kv_heads", None))
-    v = constrain(jnp.einsum("bth,hkd->btkd", x, p["v"]), ("batch", "seq", "act_kv_heads", None))
+    q = _with_adapter(jnp.einsum("bth,hnd->btnd", x, p["q"]), x, p, "q")
+    k = _with_adapter(jnp.einsum("bth,hkd->btkd", x, p["k"]), x, p, "k")
+    v = _with_adapter(jnp.einsum("bth,hkd->btkd", x, p["v"]), x, p, "v")
+    q = constrain(q, ("batch", "seq", "act_heads", None))
+    k = constrain(k, ("batch", "seq", "act_kv_heads", None))
+    v = constrain(v, ("batch", "seq", "act_kv_heads", None))
     q = rope(rms_norm(q, p["q_norm"], c.rms_norm_eps), positions, c.rope_theta)
     k = rope(rms_norm(k, p["k_norm"], c.rms_norm_eps), positions, c.rope_theta)
     return q, k, v
@@ -362,11 +380,13 @@ def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: 
         out = jnp.einsum("btf,fh->bth", attn.reshape(b, t, n * d), p["o"].reshape(n * d, p["o"].shape[-1]))
     else:
         out = jnp.einsum("btnd,ndh->bth", attn, p["o"])
-    h = constrain(h + out, _ACT)
+    h = constrain(h + _with_adapter(out, attn, p, "o"), _ACT)
     x = rms_norm(h, p["mlp_norm"], c.rms_norm_eps)
-    gate = constrain(jnp.einsum("bth,hi->bti", x, p["gate"]), ("batch", "seq", "act_mlp"))
-    up = constrain(jnp.einsum("bth,hi->bti", x, p["up"]), ("batch", "seq", "act_mlp"))
-    return constrain(h + jnp.einsum("bti,ih->bth", jax.nn.silu(gate) * up, p["down"]), _ACT)
+    mlp = ("batch", "seq", "act_mlp")
+    gate = constrain(_with_adapter(jnp.einsum("bth,hi->bti", x, p["gate"]), x, p, "gate"), mlp)
+    up = constrain(_with_adapter(jnp.einsum("bth,hi->bti", x, p["up"]), x, p, "up"), mlp)
+    act = jax.nn.silu(gate) * up
+    return constrain(h + _with_adapter(jnp.einsum("bti,ih->bth", act, p["down"]), act, p, "down"), _ACT)
 
 
 class Qwen3(nnx.Module):
