@@ -326,6 +326,44 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     return out.swapaxes(0, 1).reshape(b, nb * q_block, n, d)[:, :t]
 
 
+def tree_block_mask(tree_exit: jax.Array, q_lo: int, q_hi: int, k_hi: int) -> jax.Array:
+    """[B, q_hi - q_lo, k_hi] bool: query i may attend key j iff j <= i < tree_exit[b, j].
+
+    Tokens are laid out in DFS preorder, so key j's subtree is the index interval [j, tree_exit[j]); a key
+    is an ancestor-or-self of query i exactly when i falls in that interval. Built from iotas and a slice of
+    ``tree_exit`` (4 bytes per token), never from a stored [T, T] mask.
+    """
+    qi = jnp.arange(q_lo, q_hi, dtype=jnp.int32)[None, :, None]
+    kj = jnp.arange(k_hi, dtype=jnp.int32)[None, None, :]
+    return (kj <= qi) & (qi < tree_exit[:, None, :k_hi])
+
+
+def tree_attention_mask(tree_exit: jax.Array) -> jax.Array:
+    """The dense [B, T, T] mask of a DFS-ordered token forest (for tests and small CPU checks)."""
+    t = tree_exit.shape[-1]
+    return tree_block_mask(jnp.asarray(tree_exit, jnp.int32), 0, t, t)
+
+
+def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array) -> jax.Array:
+    """``attend`` where each token sees exactly its ancestors in a DFS-ordered token forest.
+
+    tree_exit: int32 [B, T], the end of each token's subtree (see ``tree_block_mask``); a packed row of
+    independent sequences is the special case of chains (every token's exit = its sequence's end). Query
+    blocks of ``CAUSAL_Q_BLOCK`` rows attend keys up to the block's last row (ancestors precede their
+    descendants), each block's mask is computed from ``tree_exit`` inside the rematerialized block.
+    """
+    t = q.shape[1]
+    outs = []
+    for lo in range(0, t, CAUSAL_Q_BLOCK):
+        hi = min(lo + CAUSAL_Q_BLOCK, t)
+
+        def block(qb, kb, vb, eb, lo=lo, hi=hi):
+            return _attend_dense(qb, kb, vb, tree_block_mask(eb, lo, hi, hi))
+
+        outs.append(jax.checkpoint(block)(q[:, lo:hi], k[:, :hi], v[:, :hi], tree_exit[:, :hi]))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+
+
 def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     b, t, n, d = q.shape
     kvh = k.shape[2]
@@ -430,15 +468,21 @@ class Qwen3(nnx.Module):
         return jax.lax.scan(body, carry, xs)
 
     def hidden(self, input_ids: jax.Array, positions: jax.Array | None = None,
-               attention_mask: jax.Array | None = None) -> jax.Array:
+               attention_mask: jax.Array | None = None, tree_exit: jax.Array | None = None) -> jax.Array:
         """Final-norm hidden states [B, T, H] for a whole sequence (causal; optional key padding mask).
 
         Without ``positions``: 0..T-1 per row, or, given ``attention_mask``, the count of real tokens before
         each token (so left- and right-padded rows get the same positions as unpadded ones).
+
+        ``tree_exit`` (int32 [B, T]) lays each row out as a token forest in DFS preorder (packed sequences,
+        shared prefixes): token i attends exactly to the tokens j <= i with i < tree_exit[j] (its ancestors
+        and itself). ``positions`` (each token's depth) is then required and ``attention_mask`` not allowed.
         """
         c = self.config
         h = self._embed(input_ids)
         b, t = input_ids.shape
+        if tree_exit is not None:
+            return self._hidden_tree(h, positions, tree_exit, attention_mask)
         causal = jnp.tril(jnp.ones((t, t), bool))[None]
         if attention_mask is None:
             mask = jnp.broadcast_to(causal, (b, t, t))
@@ -461,10 +505,31 @@ class Qwen3(nnx.Module):
         h, _ = self._scan(body, h, self.layers.arrays())
         return rms_norm(h, self.final_norm[...], c.rms_norm_eps)
 
+    def _hidden_tree(self, h: jax.Array, positions: jax.Array | None, tree_exit: jax.Array,
+                     attention_mask: jax.Array | None) -> jax.Array:
+        c = self.config
+        b, t = h.shape[:2]
+        if attention_mask is not None:
+            raise ValueError("tree_exit describes the attention; do not pass attention_mask with it")
+        if positions is None:
+            raise ValueError("a token tree needs positions (each token's depth)")
+        positions = jnp.asarray(positions, jnp.int32)
+        tree_exit = jnp.asarray(tree_exit, jnp.int32)
+        if positions.shape != (b, t) or tree_exit.shape != (b, t):
+            raise ValueError(f"positions {positions.shape} and tree_exit {tree_exit.shape} must be {(b, t)}")
+
+        def body(h, p):
+            x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
+            q, k, v = _qkv(p, x, positions, c)
+            return _finish_block(p, h, attend_tree(q, k, v, tree_exit), c), None
+
+        h, _ = self._scan(body, h, self.layers.arrays())
+        return rms_norm(h, self.final_norm[...], c.rms_norm_eps)
+
     def __call__(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                 attention_mask: jax.Array | None = None) -> jax.Array:
+                 attention_mask: jax.Array | None = None, tree_exit: jax.Array | None = None) -> jax.Array:
         """Float32 logits [B, T, V]."""
-        return self.project(self.hidden(input_ids, positions, attention_mask))
+        return self.project(self.hidden(input_ids, positions, attention_mask, tree_exit))
 
     def layer_weights(self) -> list[dict[str, jax.Array]]:
         """Each decoder block's weights as separate arrays: static slices of the stacked parameters.
@@ -534,17 +599,29 @@ class Qwen3(nnx.Module):
 
 def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,
                    attention_mask: jax.Array | None = None, chunk: int = 512,
-                   temperature: float = 1.0) -> jax.Array:
+                   temperature: float = 1.0, tree_exit: jax.Array | None = None,
+                   target_nodes: jax.Array | None = None) -> jax.Array:
     """log p(targets[b, t] | input_ids[b, :t+1]) as float32 [B, T], without materializing [B, T, V] logits.
 
     ``temperature`` (a Python float) scores the tempered distribution softmax(logits / T), the one a sampler
     at temperature T draws from, so a learner's ratio π_θ/π_old compares like with like; 1.0: the model's own.
 
+    ``tree_exit`` (with ``positions``): the rows are token forests, see :meth:`Qwen3.hidden`.
+    ``target_nodes`` (int32 [B, K]): score K targets per row instead of one per token: targets[b, k] is
+    predicted from token target_nodes[b, k] (and its context), so a token with several children in a tree is
+    scored once per child, and only the trained tokens pay for the LM head. Returns [B, K] then.
+
     The LM head and log-softmax run over sequence chunks inside a rematerialized scan, so the backward pass
     holds one chunk's logits at a time. Differentiable with respect to the model's parameters.
     """
-    hidden = model.hidden(input_ids, positions, attention_mask)
+    hidden = model.hidden(input_ids, positions, attention_mask, tree_exit)
     targets = jnp.asarray(targets, jnp.int32)
+    if target_nodes is not None:
+        nodes = jnp.asarray(target_nodes, jnp.int32)
+        if nodes.shape != targets.shape or nodes.shape[0] != hidden.shape[0]:
+            raise ValueError(f"target_nodes {nodes.shape} and targets {targets.shape} must both be "
+                             f"[{hidden.shape[0]}, K]")
+        hidden = jnp.take_along_axis(hidden, nodes[..., None], axis=1, mode="clip")
     b, t, hsz = hidden.shape
     if targets.shape != (b, t):
         raise ValueError(f"targets shape {targets.shape} != input_ids shape {(b, t)}")
