@@ -114,7 +114,7 @@ def test_batch_masks_and_weights(setup):
         trained = a["exec_mask"] | a["ref_mask"]
         assert np.all(a["weight"][~trained] == 0) and np.all(a["weight"][trained] > 0)
         assert np.all(a["attention_mask"][trained])
-        weight_sum += a["weight"][a["exec_mask"]].sum() / len(plan.microbatches)
+        weight_sum += a["weight"][a["exec_mask"]].sum()  # one minibatch: microbatches sum to it
     # Execution weights: each task's decisions share 1, tasks are averaged.
     assert weight_sum == pytest.approx(1.0 if n_tasks else 0.0, rel=1e-5)
     # Zero-advantage calls can be left out (no gradient, no KL): same weights for the others.
@@ -135,9 +135,8 @@ def test_jitted_loss_equals_numpy_reference(setup):
     ref_exec, ref_ref = reference_loss(arch, adv, new_lp, 0.2, LAMBDA_REF)
     assert len(plan.microbatches) == 2
     got = [jax.device_get(upd.fwd_bwd(params, mb.arrays)[0][1]) for mb in plan.microbatches]
-    n = len(plan.microbatches)
-    got_exec = sum(float(m["loss_exec"]) for m in got) / n
-    got_ref = sum(float(m["loss_ref"]) for m in got) / n
+    got_exec = sum(float(m["loss_exec"]) for m in got)  # microbatch losses add up to the minibatch's
+    got_ref = sum(float(m["loss_ref"]) for m in got)
     assert got_exec == pytest.approx(ref_exec, rel=1e-4, abs=1e-6)
     assert got_ref == pytest.approx(ref_ref, rel=1e-4, abs=1e-6)
     assert 0.0 < np.mean([float(m["clip_frac"]) for m in got]) < 1.0

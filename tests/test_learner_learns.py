@@ -9,8 +9,10 @@ else is an invalid turn. A 16-token vocabulary (one token per action) keeps the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -214,3 +216,57 @@ def test_the_rewarded_action_becomes_likely(estimator, tmp_path, shared):
     assert start < 0.2, start
     assert end > start + 0.3, (start, end, [h.get("train/loss") for h in history])
     assert last > first, (first, last)
+
+
+class Replay:
+    """A collect that hands back one archive recorded by the real loop (the same trials every update)."""
+
+    def __init__(self, archive, metrics):
+        self.archive, self.metrics = archive, metrics
+
+    def __call__(self, model, tasks, seeds):
+        return self.archive, self.metrics
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple:
+    """T@3 trials of a fresh micro model on the one-step world, recorded once by the real runner."""
+    cfg = config("sa_grpo", tmp_path_factory.mktemp("rec"))
+    model = Qwen3(MICRO, rngs=nnx.Rngs(1))
+    archive, metrics = Collect(cfg)(model, [0, 1, 2, 3], [11, 12, 13, 14])
+    return archive, metrics
+
+
+def _one_update(recorded, tmp_path, **learn) -> tuple[Trainer, dict]:
+    cfg = config("sa_grpo", tmp_path)
+    cfg = dataclasses.replace(cfg, learn=dataclasses.replace(cfg.learn, **learn))
+    trainer = Trainer(cfg, Qwen3(MICRO, rngs=nnx.Rngs(2)), WordTokenizer(), collect=Replay(*recorded),
+                      num_tasks=4, tensorboard=False, progress=False)
+    history = trainer.fit(updates=learn.get("updates", 1))
+    return trainer, history[-1]
+
+
+def test_the_step_does_not_depend_on_microbatch_size(recorded, tmp_path):
+    """Microbatches are a memory device: one update cut into many small microbatches or one large one takes
+    the same optimizer step(s) — the same parameters within 1e-5."""
+    small, h_small = _one_update(recorded, tmp_path / "s", max_batch_tokens=128)
+    large, h_large = _one_update(recorded, tmp_path / "l", max_batch_tokens=65536)
+    assert h_small["batch/microbatches"] > h_large["batch/microbatches"] >= 1
+    assert h_small["train/optimizer_steps"] == h_large["train/optimizer_steps"] == 1.0
+    for a, b in zip(jax.tree.leaves(small.params), jax.tree.leaves(large.params), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=0)
+    assert h_small["train/loss"] == pytest.approx(h_large["train/loss"], rel=1e-5, abs=1e-7)
+
+
+def test_the_schedule_counts_the_optimizer_steps_taken(recorded, tmp_path):
+    """epochs × minibatches steps per update, and the schedule is sized in exactly the steps taken: a cosine
+    schedule reaches 0 at the run's last step, not inside the first update."""
+    trainer, last = _one_update(recorded, tmp_path, updates=3, epochs=2, minibatches=2,
+                                lr_schedule="cosine", warmup_steps=2, max_batch_tokens=128)
+    assert [h["train/optimizer_steps"] for h in trainer.history] == [4.0, 4.0, 4.0]
+    assert trainer.optimizer_steps == trainer.schedule_steps == 12
+    counts = [int(x) for x in jax.tree.leaves(trainer.opt_state) if np.ndim(x) == 0
+              and np.issubdtype(np.asarray(x).dtype, np.integer)]
+    assert counts and all(c == 12 for c in counts)  # optax's own step counters agree
+    lrs = [h["lr"] for h in trainer.history]
+    assert lrs[0] > 0 and lrs[1] > 0 and lrs[0] > lrs[1] > lrs[2] >= 0  # decays across updates

@@ -88,15 +88,15 @@ def test_processes_agree_on_microbatches_and_rescale_weights():
                          describe_local([x["input_ids"].shape for x in b], 1)])
     plan = agreed_plan(gathered)
     assert plan == [(32, 0, 8), (32, 1, 2), (64, 0, 1), (128, 0, 2)]
-    got_a, got_b = align(a, 3, gathered), align(b, 1, gathered)
+    got_a, got_b = align(a, 3, gathered, 1.0), align(b, 1, gathered, 2.0)
     assert [x["input_ids"].shape for x in got_a] == [x["input_ids"].shape for x in got_b] == [
         (8, 32), (2, 32), (1, 64), (2, 128)]
     # padding rows and missing chunks carry zero weight and no mask
     assert not got_a[3]["exec_mask"].any() and got_a[3]["weight"].sum() == 0
     assert not got_a[0]["exec_mask"][4:].any()
-    # weights: (local tasks / all tasks) × (agreed microbatches / local microbatches)
-    assert np.allclose(got_a[0]["weight"][:4], 3 / 4 * 4 / 3)
-    assert np.allclose(got_b[0]["weight"], 1 / 4 * 4 / 2)
+    # weights: (local tasks / all tasks) × (agreed steps / local steps); microbatch counts do not enter
+    assert np.allclose(got_a[0]["weight"][:4], 3 / 4)
+    assert np.allclose(got_b[0]["weight"], 1 / 4 * 2.0)
 
 
 @pytest.mark.slow

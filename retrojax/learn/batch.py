@@ -10,13 +10,19 @@ bucket) a new sequence starts. Reflection calls are their own sequences. Each tr
   token mean within each decision, then a mean over decisions) and ``λ_ref / (reflection tokens of the
   task)`` for reflection tokens (eq. 19: one token mean over all eligible reflection tokens of the task, so
   a longer reflection carries more weight), divided by the number of tasks (tasks
-  are averaged without pooling their groups) and multiplied by the number of microbatches (each optimizer
-  step then sees an unbiased estimate of the whole objective);
+  are averaged without pooling their groups) and multiplied by the number of minibatches (sequences are dealt
+  to minibatches at random, so each optimizer step sees an unbiased estimate of the whole objective);
 - ``old_logprobs``: the behaviour policy's sampler log-probs.
 
 Prompt and padding tokens have zero weight; ``exec_mask`` and ``ref_mask`` are disjoint. Rows hold one
 sequence each, right-padded to a length bucket; the row count is padded to a power of two, so the update
 compiles once per (rows, length) bucket.
+
+Minibatches and microbatches are different things. A *minibatch* (``learn.minibatches``, the mini-batch of
+PPO/GRPO trainers) is a random share of the update's sequences and gets ONE optimizer step. Its
+*microbatches* are a memory device only: the minibatch's sequences grouped by length bucket and chunked to
+``max_batch_tokens``; the update sums their gradients before stepping, so the step does not depend on how
+the minibatch was chunked (nor on the chunks' length order).
 """
 
 from __future__ import annotations
@@ -69,8 +75,15 @@ class Microbatch:
 
 @dataclasses.dataclass
 class BatchPlan:
-    microbatches: list[Microbatch]
+    """One update's arrays: ``minibatches[i]`` is the list of microbatches of optimizer step ``i``."""
+
+    minibatches: list[list[Microbatch]]
     stats: dict[str, float]
+
+    @property
+    def microbatches(self) -> list[Microbatch]:
+        """Every microbatch of every minibatch, in step order."""
+        return [mb for group in self.minibatches for mb in group]
 
 
 def _concat(call: CallRecord) -> np.ndarray:
@@ -204,7 +217,7 @@ def _fill(seqs: list[Sequence_], rows: int, length: int, scale: float) -> dict[s
 def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_buckets: Sequence[int],
                  max_batch_tokens: int, minibatches: int = 1, chain: bool = True, skip_zero: bool = False,
                  rng: np.random.Generator | None = None) -> BatchPlan:
-    """Microbatches (one optimizer step each) covering every trained call of ``archive``."""
+    """Minibatches (one optimizer step each) of microbatches covering every trained call of ``archive``."""
     if minibatches < 1:
         raise ValueError(f"minibatches must be ≥ 1, got {minibatches}")
     max_len = max(seq_buckets)
@@ -218,24 +231,28 @@ def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_bu
                                  f"for {len(c.output_ids)} output tokens")
     order = np.arange(len(seqs)) if rng is None else rng.permutation(len(seqs))
     groups = [[seqs[i] for i in order[g::minibatches]] for g in range(minibatches)]
-    chunks: list[tuple[int, list[Sequence_]]] = []
+    groups = [g for g in groups if g]  # fewer sequences than minibatches: fewer (non-empty) steps
+    scale = float(len(groups))  # each step's weights sum to an estimate of the whole objective
+    steps: list[list[Microbatch]] = []
     for group in groups:
         by_len: dict[int, list[Sequence_]] = defaultdict(list)
         for s in group:
             length = bucket_for(s.tokens.size - 1, seq_buckets)
             assert length is not None  # build_sequences dropped the ones that do not fit
             by_len[length].append(s)
+        micro: list[Microbatch] = []
         for length in sorted(by_len):
             cap = max(1, 1 << int(np.floor(np.log2(max(1, max_batch_tokens // length)))))
             items = by_len[length]
             for i in range(0, len(items), cap):
-                chunks.append((length, items[i:i + cap]))
-    scale = float(len(chunks))
-    mbs = []
-    for length, items in chunks:
-        arrays = _fill(items, _row_bucket(len(items)), length, scale)
-        mbs.append(Microbatch(arrays, len(items), int((arrays["exec_mask"] | arrays["ref_mask"]).sum())))
+                arrays = _fill(items[i:i + cap], _row_bucket(len(items[i:i + cap])), length, scale)
+                micro.append(Microbatch(arrays, len(items[i:i + cap]),
+                                        int((arrays["exec_mask"] | arrays["ref_mask"]).sum())))
+        steps.append(micro)
+    plan = BatchPlan(steps, stats)
+    mbs = plan.microbatches
+    stats["batch/minibatches"] = float(len(steps))
     stats["batch/microbatches"] = float(len(mbs))
     stats["batch/trained_tokens"] = float(sum(m.trained_tokens for m in mbs))
     stats["batch/padded_tokens"] = float(sum(int(np.prod(m.shape)) for m in mbs))
-    return BatchPlan(mbs, stats)
+    return plan

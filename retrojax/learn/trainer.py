@@ -3,8 +3,9 @@
 One iteration (one "update" in the config's count): take the next tasks from a seeded task stream, run
 ``trials_per_task`` trials per task with the frozen behaviour policy (a ``collect`` function — by default the
 agent runner with a ``ModelPolicy``), compute advantages (host numpy), build bucketed microbatches, check the
-sampler's log-probs against a recomputation, run the jitted update on every microbatch (``epochs`` times),
-log, checkpoint, and evaluate every ``eval.every`` iterations.
+sampler's log-probs against a recomputation, take one optimizer step per minibatch (gradients summed over its
+microbatches; ``epochs × minibatches`` steps per iteration, the count the learning-rate schedule is sized
+in), log, checkpoint, and evaluate every ``eval.every`` iterations.
 
 Everything the next iteration depends on — params, optimizer state, the iteration count, the JAX key, the task
 stream position — is in the checkpoint, so ``resume`` continues exactly as an uninterrupted run would.
@@ -152,8 +153,9 @@ class Trainer:
         if self.learn.train_tasks is not None:  # a training pool: the first N levels, revisited every epoch
             num_tasks = min(num_tasks, self.learn.train_tasks)
         self.graphdef, self.template, params = split_model(model)
-        total = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
-        self.tx, self.schedule = make_optimizer(self.learn, total)
+        # The schedule counts optimizer steps: one per minibatch per epoch of every update.
+        self.schedule_steps = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
+        self.tx, self.schedule = make_optimizer(self.learn, self.schedule_steps)
         self.plan = _plan(cfg, model, self.tx)
         self.update = Update(self.graphdef, self.template, self.tx, clip_eps=self.learn.clip_eps,
                              clip_eps_high=self.learn.clip_eps_high, kl_coef=self.learn.kl_coef,
@@ -268,18 +270,18 @@ class Trainer:
                             max_batch_tokens=max(1, lc.max_batch_tokens // jax.process_count()),
                             minibatches=lc.minibatches,
                             chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng)
-        if jax.process_count() > 1:  # every process: the same number and shapes of microbatches
+        if jax.process_count() > 1:  # every process: the same steps and microbatch shapes
             from retrojax.parallel.shares import agree
 
-            local = agree(plan.microbatches, int(plan.stats.get("batch/tasks", len(tasks))))
-            batches = [_to_device(Microbatch(a, 0, 0), self.plan) for a in local]
+            local = agree(plan.minibatches, int(plan.stats.get("batch/tasks", len(tasks))))
+            steps = [[_to_device(Microbatch(a, 0, 0), self.plan) for a in group] for group in local]
         else:
-            batches = [_to_device(mb, self.plan) for mb in plan.microbatches]
-        check = self._prepare(batches)
+            steps = [[_to_device(mb, self.plan) for mb in group] for group in plan.minibatches]
+        check = self._prepare([b for group in steps for b in group])
         step_metrics: list[dict[str, Any]] = []
         for _ in range(self.learn.epochs):
-            for b in batches:
-                self.params, self.opt_state, m = self.update(self.params, self.opt_state, b)
+            for group in steps:  # one optimizer step per minibatch, gradients summed over its microbatches
+                self.params, self.opt_state, m = self.update(self.params, self.opt_state, group)
                 step_metrics.append(m)
                 self.optimizer_steps += 1
         jax.block_until_ready((self.params, step_metrics))  # dispatch is async: time/learn_s is the compute
@@ -290,6 +292,8 @@ class Trainer:
         metrics.update({f"train/{k}": v for k, v in _mean_metrics(jax.device_get(step_metrics)).items()})
         if step_metrics:
             metrics["train/skipped_steps"] = float(sum(float(m["skipped"]) for m in step_metrics))
+        metrics["train/optimizer_steps"] = float(len(step_metrics))
+        metrics["train/optimizer_steps_total"] = float(self.optimizer_steps)
         metrics.update(adv.stats)
         metrics.update(plan.stats)
         metrics.update(check)

@@ -1,10 +1,14 @@
-"""The pure, jitted policy update: ``update(params, opt_state, batch) -> (params, opt_state, metrics)``.
+"""The pure, jitted policy update: ``update(params, opt_state, microbatches) -> (params, opt_state, metrics)``
+(one optimizer step).
 
-The model is split once with ``nnx.split``; params travel as a pure dict (easy to checkpoint and donate) and
-are merged back into the module inside the traced function. The optimizer is optax AdamW behind clipping by
-global norm, with a warmup + constant/cosine schedule. A non-finite loss or gradient skips the step (params
-and optimizer state pass through unchanged; ``metrics['skipped'] == 1``). Compiles once per batch shape;
-``Update.traces`` counts traces so tests can check there is no retracing.
+One call is one optimizer step over one minibatch: the gradients of its microbatches are summed on device
+(microbatches are a memory device; the step does not depend on how the minibatch was cut), then AdamW steps
+once. The model is split once with ``nnx.split``; params travel as a pure dict (easy to checkpoint and
+donate) and are merged back into the module inside the traced function. The optimizer is optax AdamW behind
+clipping by global norm, with a warmup + constant/cosine schedule counted in optimizer steps. A non-finite
+loss or gradient skips the step (params and optimizer state pass through unchanged; ``metrics['skipped'] ==
+1``). The gradient step compiles once per microbatch shape; ``Update.traces`` counts its traces so tests can
+check there is no retracing.
 
 With a ``ShardingPlan`` (retrojax.parallel.shard) the update and log-prob functions are jitted with explicit
 in/out shardings: params and optimizer state where the plan puts them, batches with rows over data × fsdp,
@@ -14,6 +18,7 @@ tracing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -60,30 +65,48 @@ def make_optimizer(learn_cfg: Any, total_steps: int) -> tuple[optax.GradientTran
     return optax.chain(*parts), schedule
 
 
+# Per-token means the loss reports; the accumulator carries them as token-weighted sums across microbatches.
+_MEAN_METRICS = ("clip_frac", "approx_kl", "ratio_mean", "entropy_est", "adv_token_mean")
+_SUM_METRICS = ("loss", "loss_exec", "loss_ref", "loss_kl", "trained_tokens")
+
+
 class Update:
-    """The jitted update for one model structure and optimizer (donates params and opt_state)."""
+    """One optimizer step per minibatch: gradients summed over its microbatches, then AdamW (jitted).
+
+    ``update(params, opt_state, microbatches)`` runs the jitted ``accumulate`` once per microbatch (compiled
+    once per microbatch shape; ``traces`` counts those traces) into a gradient accumulator, then the jitted
+    ``apply`` (compiled once) clips, checks finiteness and steps. The loss is a weighted token sum, so the
+    summed gradient is the minibatch's gradient however the minibatch was cut into microbatches.
+    """
 
     def __init__(self, graphdef: Any, template: Any, tx: optax.GradientTransformation, *,
                  clip_eps: float = 0.2, clip_eps_high: float | None = None, kl_coef: float = 0.0,
                  chunk: int = 512, plan: Any = None, temperature: float = 1.0):
-        self.traces = 0
+        self.traces = 0  # traces of the per-microbatch accumulate step (one per microbatch shape)
+        self.apply_traces = 0
         self.temperature = policy_temperature(temperature)
         self.graphdef, self.template, self.tx = graphdef, template, tx
         self.loss_kwargs = dict(clip_eps=clip_eps, clip_eps_high=clip_eps_high, kl_coef=kl_coef)
         self.chunk = chunk
         self.plan = plan
         if plan is None:
-            self._jitted = jax.jit(self._step, donate_argnums=(0, 1))
+            self._accumulate = jax.jit(self._accumulate_step, donate_argnums=(1,))
+            self._apply = jax.jit(self._apply_step, donate_argnums=(0, 1))
+            self._zeros = jax.jit(self._zero_accumulator)
             self._fwd_bwd = jax.jit(self._grads)
         else:
             if plan.opt is None:
                 raise ValueError("the sharding plan has no optimizer shardings (make_plan(..., tx=tx))")
-            batch = plan.batch_prefix
-            self._jitted = jax.jit(self._step, donate_argnums=(0, 1),
-                                   in_shardings=(plan.params, plan.opt, batch),
-                                   out_shardings=(plan.params, plan.opt, plan.replicated))
+            batch, rep = plan.batch_prefix, plan.replicated
+            acc = {"grads": plan.params, "stats": rep}
+            self._accumulate = jax.jit(self._accumulate_step, donate_argnums=(1,),
+                                       in_shardings=(plan.params, acc, batch), out_shardings=acc)
+            self._apply = jax.jit(self._apply_step, donate_argnums=(0, 1),
+                                  in_shardings=(plan.params, plan.opt, acc),
+                                  out_shardings=(plan.params, plan.opt, rep))
+            self._zeros = jax.jit(self._zero_accumulator, in_shardings=(plan.params,), out_shardings=acc)
             self._fwd_bwd = jax.jit(self._grads, in_shardings=(plan.params, batch),
-                                    out_shardings=((plan.replicated, plan.replicated), plan.params))
+                                    out_shardings=((rep, rep), plan.params))
 
     def _context(self):
         plan = self.plan
@@ -98,11 +121,27 @@ class Update:
     def _grads(self, params: Params, batch: dict[str, jax.Array]):
         return jax.value_and_grad(self.loss, has_aux=True)(params, batch)
 
-    def _step(self, params: Params, opt_state: Any, batch: dict[str, jax.Array]):
+    def _stat_names(self) -> tuple[str, ...]:
+        sums = tuple(k for k in _SUM_METRICS if k != "loss_kl" or self.loss_kwargs["kl_coef"] > 0.0)
+        return sums + _MEAN_METRICS + ("adv_token_sq",)
+
+    def _zero_accumulator(self, params: Params) -> dict[str, Any]:
+        stats = {k: jnp.zeros((), jnp.float32) for k in self._stat_names()}
+        return {"grads": jax.tree.map(jnp.zeros_like, params), "stats": stats}
+
+    def _accumulate_step(self, params: Params, acc: dict[str, Any], batch: dict[str, jax.Array]):
         self.traces += 1
-        (loss, metrics), grads = self._grads(params, batch)
+        (_, m), grads = self._grads(params, batch)
+        n = m["trained_tokens"]
+        m = dict(m, adv_token_sq=jnp.square(m["adv_token_std"]) + jnp.square(m["adv_token_mean"]))
+        stats = {k: acc["stats"][k] + (m[k] if k in _SUM_METRICS else m[k] * n) for k in acc["stats"]}
+        return {"grads": jax.tree.map(jnp.add, acc["grads"], grads), "stats": stats}
+
+    def _apply_step(self, params: Params, opt_state: Any, acc: dict[str, Any]):
+        self.apply_traces += 1
+        grads, st = acc["grads"], acc["stats"]
         grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        finite = jnp.isfinite(st["loss"]) & jnp.isfinite(grad_norm)
 
         def apply(_):
             updates, new_opt = self.tx.update(grads, opt_state, params)
@@ -112,22 +151,62 @@ class Update:
             return params, opt_state
 
         params, opt_state = jax.lax.cond(finite, apply, skip, None)
-        metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32))
+        n = jnp.maximum(st["trained_tokens"], 1.0)
+        metrics = {k: st[k] for k in _SUM_METRICS if k in st}
+        metrics.update({k: st[k] / n for k in _MEAN_METRICS})
+        mean = st["adv_token_mean"] / n
+        metrics["adv_token_std"] = jnp.sqrt(jnp.maximum(st["adv_token_sq"] / n - mean ** 2, 0.0))
+        metrics.update(grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32))
         return params, opt_state, metrics
 
-    def __call__(self, params: Params, opt_state: Any, batch: dict[str, Any]):
+    def accumulate(self, params: Params, acc: dict[str, Any] | None, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add one microbatch's loss statistics and gradients to ``acc`` (None: start a fresh one)."""
         with self._context():
-            return self._jitted(params, opt_state, batch)
+            if acc is None:
+                acc = self._zeros(params)
+            return self._accumulate(params, acc, batch)
+
+    def apply(self, params: Params, opt_state: Any, acc: dict[str, Any]):
+        """One optimizer step with the accumulated gradients: (params, opt_state, metrics)."""
+        with self._context():
+            return self._apply(params, opt_state, acc)
+
+    def __call__(self, params: Params, opt_state: Any,
+                 microbatches: dict[str, Any] | Sequence[dict[str, Any]]):
+        """One optimizer step over a minibatch given as its microbatches (or a single batch dict)."""
+        if isinstance(microbatches, dict):
+            microbatches = [microbatches]
+        if not microbatches:
+            raise ValueError("an optimizer step needs at least one microbatch")
+        acc = None
+        for b in microbatches:
+            acc = self.accumulate(params, acc, b)
+        return self.apply(params, opt_state, acc)
 
     def fwd_bwd(self, params: Params, batch: dict[str, Any]):
         """Loss and gradients only (the bench's baseline for the cost of a step)."""
         with self._context():
             return self._fwd_bwd(params, batch)
 
+    def _single_step(self, params: Params, opt_state: Any, batch: dict[str, jax.Array]):
+        acc = self._accumulate_step(params, self._zero_accumulator(params), batch)
+        return self._apply_step(params, opt_state, acc)
+
     def lower(self, params: Any, opt_state: Any, batch: dict[str, Any]) -> Any:
-        """The update lowered for (possibly abstract) arguments: compile-only analysis, no allocation."""
+        """A one-microbatch step (gradients + optimizer) lowered for (possibly abstract) arguments:
+        compile-only analysis of what a step holds at once, no allocation."""
+        plan = self.plan
+        if plan is None:
+            fn = jax.jit(self._single_step, donate_argnums=(0, 1))
+        else:
+            fn = jax.jit(self._single_step, donate_argnums=(0, 1),
+                         in_shardings=(plan.params, plan.opt, plan.batch_prefix),
+                         out_shardings=(plan.params, plan.opt, plan.replicated))
         with self._context():
-            return self._jitted.lower(params, opt_state, batch)
+            lowered = fn.lower(params, opt_state, batch)
+        self.traces -= 1  # an analysis trace, not a training program
+        self.apply_traces -= 1
+        return lowered
 
 
 class LogProbs:

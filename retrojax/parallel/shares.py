@@ -1,11 +1,12 @@
 """Per-process shares of a multi-process run: whole task groups per process, agreed microbatches.
 
 Every process derives the same task stream and seeds; each runs the trials of its own contiguous block of
-tasks (all trials of a task on one process, so group-normalized advantages are exact), plans its
-microbatches, and then all processes agree on one list of (length, rows) microbatches: a process without a
+tasks (all trials of a task on one process, so group-normalized advantages are exact) and plans its
+minibatches (one optimizer step each) of microbatches. All processes first agree on the number of steps (the
+most any process has), then, step by step, on one list of (length, rows) microbatches: a process without a
 chunk of some bucket contributes all-zero rows (zero weight), so every process calls the update equally
-often with equal shapes, and the global batch of step i is the union of every process's chunk i. Weights
-are rescaled so the global step sees the same objective as one process holding every task.
+often with equal shapes, and the global microbatch j of step i is the union of every process's chunk j.
+Weights are rescaled so the global step sees the same objective as one process holding every task.
 """
 
 from __future__ import annotations
@@ -56,13 +57,14 @@ def agreed_plan(gathered: np.ndarray) -> list[tuple[int, int, int]]:
     return [(length, j, rows) for length in sorted(per_length) for j, rows in enumerate(per_length[length])]
 
 
-def align(local: Sequence[dict[str, np.ndarray]], local_tasks: int, gathered: np.ndarray
-          ) -> list[dict[str, np.ndarray]]:
-    """This process's microbatches laid onto the agreed plan (zero rows where it has none), weights rescaled.
+def align(local: Sequence[dict[str, np.ndarray]], local_tasks: int, gathered: np.ndarray,
+          step_factor: float = 1.0) -> list[dict[str, np.ndarray]]:
+    """One step's microbatches of this process laid onto the agreed plan (zero rows where it has none).
 
-    One process would weight a call by ``1 / all tasks × all microbatches``; here each was planned with
-    ``1 / local tasks × local microbatches``, so weights are multiplied by
-    ``(local tasks / all tasks) × (agreed microbatches / local microbatches)``.
+    One process would weight a call by ``all steps / all tasks``; here each was planned with ``local steps /
+    local tasks``, so weights are multiplied by ``(local tasks / all tasks) × step_factor`` where
+    ``step_factor = agreed steps / local steps``. Microbatches of a step are summed, so their count does not
+    enter the weights.
     """
     plan = agreed_plan(gathered)
     total_tasks = int(sum(int(v[0]) for v in gathered))
@@ -71,7 +73,7 @@ def align(local: Sequence[dict[str, np.ndarray]], local_tasks: int, gathered: np
         by_length.setdefault(int(arrays["input_ids"].shape[1]), []).append(arrays)
     factor = 0.0
     if local and total_tasks:
-        factor = (local_tasks / total_tasks) * (len(plan) / len(local))
+        factor = (local_tasks / total_tasks) * step_factor
     out = []
     for length, j, rows in plan:
         mine = by_length.get(length, [])
@@ -97,8 +99,18 @@ def gather_descriptions(vec: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(vec))
 
 
-def agree(microbatches: Sequence[Any], local_tasks: int) -> list[dict[str, np.ndarray]]:
-    """``align`` after gathering every process's shapes: the arrays this process feeds each step."""
-    local = [mb.arrays for mb in microbatches]
-    vec = describe_local([tuple(a["input_ids"].shape) for a in local], local_tasks)
-    return align(local, local_tasks, gather_descriptions(vec))
+def agree(minibatches: Sequence[Sequence[Any]], local_tasks: int) -> list[list[dict[str, np.ndarray]]]:
+    """Per optimizer step, the arrays this process feeds (``align`` after gathering every process's shapes).
+
+    ``minibatches[i]`` lists this process's microbatches of step ``i``; every process returns the same number
+    of steps with the same microbatch shapes.
+    """
+    counts = gather_descriptions(np.asarray([len(minibatches)], np.int64))
+    steps = int(np.max(counts))
+    step_factor = steps / len(minibatches) if len(minibatches) else 0.0
+    out = []
+    for i in range(steps):
+        local = [mb.arrays for mb in minibatches[i]] if i < len(minibatches) else []
+        vec = describe_local([tuple(a["input_ids"].shape) for a in local], local_tasks)
+        out.append(align(local, local_tasks, gather_descriptions(vec), step_factor))
+    return out
