@@ -27,6 +27,7 @@ import optax
 from flax import nnx
 
 from retrojax.learn.loss import model_logprobs, surrogate_loss
+from retrojax.model.lora import join_params
 from retrojax.parallel.rules import activation_sharding
 
 Params = dict[str, Any]
@@ -81,8 +82,10 @@ class Update:
 
     def __init__(self, graphdef: Any, template: Any, tx: optax.GradientTransformation, *,
                  clip_eps: float = 0.2, clip_eps_high: float | None = None, kl_coef: float = 0.0,
-                 chunk: int = 512, plan: Any = None, temperature: float = 1.0):
+                 chunk: int = 512, plan: Any = None, temperature: float = 1.0, frozen: Params | None = None):
         self.traces = 0  # traces of the per-microbatch accumulate step (one per microbatch shape)
+        # LoRA: ``params`` are the adapters, ``frozen`` the base (an argument of every step, never trained)
+        self.frozen = frozen
         self.apply_traces = 0
         self.temperature = policy_temperature(temperature)
         self.graphdef, self.template, self.tx = graphdef, template, tx
@@ -97,15 +100,15 @@ class Update:
         else:
             if plan.opt is None:
                 raise ValueError("the sharding plan has no optimizer shardings (make_plan(..., tx=tx))")
-            batch, rep = plan.batch_prefix, plan.replicated
+            batch, rep, fsh = plan.batch_prefix, plan.replicated, getattr(plan, "frozen", None)
             acc = {"grads": plan.params, "stats": rep}
             self._accumulate = jax.jit(self._accumulate_step, donate_argnums=(1,),
-                                       in_shardings=(plan.params, acc, batch), out_shardings=acc)
+                                       in_shardings=(plan.params, acc, batch, fsh), out_shardings=acc)
             self._apply = jax.jit(self._apply_step, donate_argnums=(0, 1),
                                   in_shardings=(plan.params, plan.opt, acc),
                                   out_shardings=(plan.params, plan.opt, rep))
             self._zeros = jax.jit(self._zero_accumulator, in_shardings=(plan.params,), out_shardings=acc)
-            self._fwd_bwd = jax.jit(self._grads, in_shardings=(plan.params, batch),
+            self._fwd_bwd = jax.jit(self._grads, in_shardings=(plan.params, batch, fsh),
                                     out_shardings=((rep, rep), plan.params))
 
     def _context(self):
@@ -114,12 +117,14 @@ class Update:
                                    None if plan is None else plan.rules,
                                    False if plan is None else plan.strict)
 
-    def loss(self, params: Params, batch: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
-        new_lp = model_logprobs(self.graphdef, self.template, params, batch, self.chunk, self.temperature)
+    def loss(self, params: Params, batch: dict[str, jax.Array],
+             frozen: Params | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        new_lp = model_logprobs(self.graphdef, self.template, join_params(params, frozen), batch, self.chunk,
+                                self.temperature)
         return surrogate_loss(new_lp, batch, **self.loss_kwargs)
 
-    def _grads(self, params: Params, batch: dict[str, jax.Array]):
-        return jax.value_and_grad(self.loss, has_aux=True)(params, batch)
+    def _grads(self, params: Params, batch: dict[str, jax.Array], frozen: Params | None = None):
+        return jax.value_and_grad(self.loss, has_aux=True)(params, batch, frozen)
 
     def _stat_names(self) -> tuple[str, ...]:
         sums = tuple(k for k in _SUM_METRICS if k != "loss_kl" or self.loss_kwargs["kl_coef"] > 0.0)
@@ -129,9 +134,10 @@ class Update:
         stats = {k: jnp.zeros((), jnp.float32) for k in self._stat_names()}
         return {"grads": jax.tree.map(jnp.zeros_like, params), "stats": stats}
 
-    def _accumulate_step(self, params: Params, acc: dict[str, Any], batch: dict[str, jax.Array]):
+    def _accumulate_step(self, params: Params, acc: dict[str, Any], batch: dict[str, jax.Array],
+                         frozen: Params | None = None):
         self.traces += 1
-        (_, m), grads = self._grads(params, batch)
+        (_, m), grads = self._grads(params, batch, frozen)
         n = m["trained_tokens"]
         m = dict(m, adv_token_sq=jnp.square(m["adv_token_std"]) + jnp.square(m["adv_token_mean"]))
         stats = {k: acc["stats"][k] + (m[k] if k in _SUM_METRICS else m[k] * n) for k in acc["stats"]}
@@ -164,7 +170,7 @@ class Update:
         with self._context():
             if acc is None:
                 acc = self._zeros(params)
-            return self._accumulate(params, acc, batch)
+            return self._accumulate(params, acc, batch, self.frozen)
 
     def apply(self, params: Params, opt_state: Any, acc: dict[str, Any]):
         """One optimizer step with the accumulated gradients: (params, opt_state, metrics)."""
@@ -186,10 +192,11 @@ class Update:
     def fwd_bwd(self, params: Params, batch: dict[str, Any]):
         """Loss and gradients only (the bench's baseline for the cost of a step)."""
         with self._context():
-            return self._fwd_bwd(params, batch)
+            return self._fwd_bwd(params, batch, self.frozen)
 
-    def _single_step(self, params: Params, opt_state: Any, batch: dict[str, jax.Array]):
-        acc = self._accumulate_step(params, self._zero_accumulator(params), batch)
+    def _single_step(self, params: Params, opt_state: Any, batch: dict[str, jax.Array],
+                     frozen: Params | None = None):
+        acc = self._accumulate_step(params, self._zero_accumulator(params), batch, frozen)
         return self._apply_step(params, opt_state, acc)
 
     def lower(self, params: Any, opt_state: Any, batch: dict[str, Any]) -> Any:
@@ -200,10 +207,11 @@ class Update:
             fn = jax.jit(self._single_step, donate_argnums=(0, 1))
         else:
             fn = jax.jit(self._single_step, donate_argnums=(0, 1),
-                         in_shardings=(plan.params, plan.opt, plan.batch_prefix),
+                         in_shardings=(plan.params, plan.opt, plan.batch_prefix,
+                                       getattr(plan, "frozen", None)),
                          out_shardings=(plan.params, plan.opt, plan.replicated))
         with self._context():
-            lowered = fn.lower(params, opt_state, batch)
+            lowered = fn.lower(params, opt_state, batch, self.frozen)
         self.traces -= 1  # an analysis trace, not a training program
         self.apply_traces -= 1
         return lowered
@@ -213,25 +221,30 @@ class LogProbs:
     """Jitted per-token log-probs of a batch under given params (old-logprob check, frozen reference)."""
 
     def __init__(self, graphdef: Any, template: Any, chunk: int = 512, plan: Any = None,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, frozen: Params | None = None):
         self.graphdef, self.template, self.chunk, self.plan = graphdef, template, chunk, plan
+        self.frozen = frozen  # LoRA: the frozen base (params are then the adapters)
         self.temperature = policy_temperature(temperature)
         if plan is None:
             self._jitted = jax.jit(self._run)
             self._gap = jax.jit(_gap)
         else:
             b = plan.batch_prefix
-            self._jitted = jax.jit(self._run, in_shardings=(plan.params, b, b, b), out_shardings=b)
+            fsh = getattr(plan, "frozen", None)
+            self._jitted = jax.jit(self._run, in_shardings=(plan.params, b, b, b, fsh), out_shardings=b)
             self._gap = jax.jit(_gap, in_shardings=(b, b, b), out_shardings=plan.replicated)
 
-    def _run(self, params: Params, input_ids: jax.Array, targets: jax.Array, attention_mask: jax.Array):
+    def _run(self, params: Params, input_ids: jax.Array, targets: jax.Array, attention_mask: jax.Array,
+             frozen: Params | None = None):
         batch = {"input_ids": input_ids, "targets": targets, "attention_mask": attention_mask}
-        return model_logprobs(self.graphdef, self.template, params, batch, self.chunk, self.temperature)
+        return model_logprobs(self.graphdef, self.template, join_params(params, frozen), batch, self.chunk,
+                              self.temperature)
 
     def __call__(self, params: Params, batch: dict[str, Any]) -> jax.Array:
         plan = self.plan
         with activation_sharding(None if plan is None else plan.mesh, None if plan is None else plan.rules):
-            return self._jitted(params, batch["input_ids"], batch["targets"], batch["attention_mask"])
+            return self._jitted(params, batch["input_ids"], batch["targets"], batch["attention_mask"],
+                                self.frozen)
 
     def gap(self, logprobs: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
         """(max, sum, count) of |logprobs − old| over ``mask``, as one replicated device array."""
@@ -254,17 +267,25 @@ def _gap(lp: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
 
 def make_update(model: nnx.Module, learn_cfg: Any, total_steps: int, mesh: Any = None, overrides: Any = (),
                 strict: bool = False, temperature: float = 1.0) -> tuple[Update, Params, Any]:
-    """(update, params, opt_state) for ``model`` under a ``LearnConfig``; on ``mesh``, placed by its plan."""
-    graphdef, template, params = split_model(model)
+    """(update, params, opt_state) for ``model`` under a ``LearnConfig``; on ``mesh``, placed by its plan.
+
+    A model with LoRA adapters (retrojax.model.lora) trains only them: ``params`` are the adapters and the
+    update holds the frozen base.
+    """
+    from retrojax.model.lora import lora_plan, split_params
+
+    graphdef, template, params, frozen = split_params(model)
     tx, _ = make_optimizer(learn_cfg, total_steps)
     plan = None
     if mesh is not None:
         from retrojax.parallel.shard import init_optimizer, make_plan, place_params
 
-        plan = make_plan(model, mesh, overrides, strict, tx)
+        plan = lora_plan(make_plan(model, mesh, overrides, strict, tx), model, tx)
         params = place_params(params, plan.params)
+        if frozen is not None:
+            frozen = place_params(frozen, plan.frozen)
     upd = Update(graphdef, template, tx, clip_eps=learn_cfg.clip_eps, clip_eps_high=learn_cfg.clip_eps_high,
                  kl_coef=learn_cfg.kl_coef, chunk=learn_cfg.logprob_chunk, plan=plan,
-                 temperature=temperature)
+                 temperature=temperature, frozen=frozen)
     opt_state = tx.init(params) if plan is None else init_optimizer(tx, params, plan)
     return upd, params, opt_state
