@@ -51,6 +51,7 @@ class ModelConfig:
     preset: str = "tiny"  # qwen3-0.6b | qwen3-1.7b | qwen3-4b | qwen3-8b | tiny | demo | small
     dtype: str = "float32"  # float32 | bfloat16
     seed: int = 0
+    adapter: str | None = None  # a PEFT LoRA adapter directory to put on the base (retrojax.model.peft)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,17 @@ class TrialConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters (retrojax.model.lora); rank 0 = full fine-tuning. Defaults are ours, not the paper's."""
+
+    rank: int = 0  # adapter rank r; > 0 trains only the adapters (the base is frozen)
+    alpha: float = 32.0  # scale = alpha / rank, as PEFT and qwix
+    dropout: float = 0.0  # on the adapter path's input while training
+    targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")  # Qwen3 projections
+    dtype: str = "float32"  # the adapters' dtype (the base keeps model.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
 class LearnConfig:
     """State-Anchored GRPO and the optimizer."""
 
@@ -114,12 +126,20 @@ class LearnConfig:
     logprob_chunk: int = 512
     seq_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
     lr_schedule: str = "constant"  # constant | cosine (after warmup)
-    epochs: int = 1  # passes over each batch of trials (each microbatch is one optimizer step)
-    max_batch_tokens: int = 16384  # rows x length of one microbatch
+    epochs: int = 1  # passes over each batch of trials (one optimizer step per minibatch per pass)
+    max_batch_tokens: int = 16384  # rows x length of one microbatch (a memory bound: gradients are summed
+    #                                over a minibatch's microbatches, so it does not change the step)
     old_logprobs: str = "sampler"  # sampler | recompute: which log-probs of θ_old the ratio uses
     check_logprobs: bool = True  # recompute θ_old log-probs and log their gap to the sampler's
     chain_segments: bool = True  # one sequence per segment when the conversation only grew
-    remat: bool = False  # rematerialize layers in the backward pass
+    track_kl_ref: bool = True  # keep the start policy to log diag/kl_ref each update (one params copy)
+    # rows: one padded sequence per row | packed: sequences packed into rows | tree: packed, shared prefixes
+    # laid out once as a token tree (retrojax.learn.layout)
+    layout: str = "tree"
+    # rematerialize layers in the backward pass: true | false | auto (on when the memory plan says the
+    # update would not fit the device without it; retrojax.plan)
+    remat: bool | str = "auto"
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     checkpoint_every: int = 1  # updates between checkpoints
 
 
@@ -153,6 +173,8 @@ class SFTConfig:
     vocab_size: int = 2000
     oracle_epsilon: float = 0.3  # recovery demonstrations: the oracle's chance of a random move
     warmup_steps: int = 10
+    demo_tasks: int | None = None  # ours: demonstrations on the first N training levels (None: the RL pool,
+    #                                learn.train_tasks, or every level when that is None too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +189,9 @@ class RIRConfig:
     agent_budget: int = 60  # B_agent: agent replies per task (our choice: ReTRAIL's 60-call ceiling)
     aux_counts_against_agent: bool = False  # auxiliary calls are counted separately (our choice)
     review_on_failure: bool = True  # review an irreversible failure before the trial ends
-    history_steps: int = 16  # path steps shown to the reviewer and the coarse selector
+    prompt_budget: int = 3072  # tokens per auxiliary prompt (review, coarse, patch): older steps give way
+    observation_chars: int = 800  # a raw observation longer than this is shown as the world's summary σ
+    min_calls_for_restore: int = 2  # refuse a restore with fewer agent calls left (ReTRAIL's floor)
     max_review_tokens: int = 384
     max_select_tokens: int = 96
     max_patch_tokens: int = 384

@@ -32,6 +32,8 @@ import numpy as np
 
 from retrojax.agent.archive import Archive
 from retrojax.eval import report
+from retrojax.learn.curves import batch_success_change, batch_success_note, diagnostics_table, learning_curve
+from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
 
 
 class Stages:
@@ -58,68 +60,6 @@ class Stages:
     @property
     def total(self) -> float:
         return time.perf_counter() - self._start
-
-
-# ---------------------------------------------------------------------------------------------------
-# Demonstrations and tokenizer
-# ---------------------------------------------------------------------------------------------------
-
-
-def demo_protocols(cfg: Any) -> list[str]:
-    """Protocols whose prompts the solver demonstrations cover: the evaluation ones and the training one."""
-    out = list(cfg.eval.protocols)
-    if cfg.trial.protocol not in out:
-        out.append(cfg.trial.protocol)
-    return out
-
-
-def run_demonstrations(cfg: Any, env: Any, tokenizer: Any) -> tuple[Archive, dict[str, Any]]:
-    """Oracle trials on training levels: solver play (ε = 0) and recovery play (ε = ``sft.oracle_epsilon``).
-
-    Both use the same level indices (cycling through the split) and fixed seeds, so replaying them with
-    another tokenizer gives the same trials. ``tokenizer`` None records byte-level ids.
-    """
-    from retrojax.agent.policies import OraclePolicy
-    from retrojax.agent.runner import Runner, make_specs
-
-    s = cfg.sft
-    n_tasks = env.num_tasks
-    protocols = demo_protocols(cfg)
-    per_protocol = math.ceil(s.num_solver_episodes / len(protocols))
-    archive = Archive()
-    stats: dict[str, Any] = {}
-    first = 0
-    plays = [("solver", 0.0, per_protocol, protocols), ("recovery", s.oracle_epsilon, s.num_recovery_episodes,
-                                                         [cfg.trial.protocol])]
-    for name, eps, count, protos in plays:
-        if count <= 0:
-            continue
-        tasks = [i % n_tasks for i in range(count)]
-        specs = make_specs(tasks, [cfg.run.seed], 1, protos, first_trial=first)
-        first += len(specs)
-        runner = Runner(cfg, env, OraclePolicy(eps), tokenizer=tokenizer, record_tokens=True)
-        part = runner.run(specs)
-        archive.extend(part)
-        stats[name] = {"trials": len(part.trials), "calls": len(part.calls),
-                       "success": float(np.mean([t.success for t in part.trials])),
-                       "recoveries": len(part.recoveries),
-                       "model_rewinds": int(sum(t.rewinds_model for t in part.trials)),
-                       "forced_rewinds": int(sum(t.rewinds_forced for t in part.trials))}
-    return archive, stats
-
-
-def corpus_from_archive(archive: Archive, decode: Any) -> list[str]:
-    """Texts for the tokenizer: every trial's longest context (prompt + output) and every reflection call."""
-    longest: dict[int, Any] = {}
-    texts: list[str] = []
-    for c in archive.calls:
-        n = len(c.prompt_ids) + len(c.output_ids)
-        if c.trial not in longest or n > len(longest[c.trial].prompt_ids) + len(longest[c.trial].output_ids):
-            longest[c.trial] = c
-        if c.role == "reflection":
-            texts.append(decode(np.concatenate([c.prompt_ids, c.output_ids])))
-    texts += [decode(np.concatenate([c.prompt_ids, c.output_ids])) for c in longest.values()]
-    return texts
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -152,60 +92,6 @@ def load_checkpoint(cfg: Any) -> tuple[Any, Any]:
 
     model = from_pretrained(cfg.model.path, dtype=jnp.dtype(cfg.model.dtype))
     return model, load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Warm start
-# ---------------------------------------------------------------------------------------------------
-
-
-def special_ids(tokenizer: Any) -> tuple[int, int]:
-    """(end-of-turn id, padding id) of a model tokenizer, or of the byte-level chat tokenizer (which has
-    no padding id: padded positions are masked out, so its end-of-turn id serves)."""
-    end = getattr(tokenizer, "im_end_id", None)
-    end = int(tokenizer.stop_ids[0]) if end is None else int(end)
-    pad = getattr(tokenizer, "pad_token_id", None)
-    return end, end if pad is None else int(pad)
-
-
-def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any) -> dict[str, Any]:
-    """SFT on every demonstration call (execution and reflection), loss on output tokens + end of turn."""
-    from tqdm import tqdm
-
-    from retrojax.learn import sft
-
-    s = cfg.sft
-    end_id, pad = special_ids(tokenizer)
-    calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
-    examples, stats = sft.pack_calls(calls, s.seq_len, end_id=end_id)
-    if not examples:
-        raise ValueError(f"no demonstration fits sft.seq_len={s.seq_len} tokens ({stats.dropped} dropped)")
-    rng = np.random.default_rng(cfg.run.seed)
-    order = rng.permutation(len(examples))
-    held = [examples[i] for i in order[: max(1, len(examples) // 10)]]
-    train = [examples[i] for i in order[max(1, len(examples) // 10):]] or held
-    buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
-    chunk = cfg.learn.logprob_chunk
-    nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
-    bar = tqdm(total=s.steps, desc="sft", unit="step")
-
-    def progress(step: int, m: dict[str, float]) -> None:
-        bar.update(1)
-        if step % 10 == 0:
-            bar.set_postfix(loss=f"{m['loss']:.3f}")
-
-    try:
-        history = sft.train_sft(model, train, steps=s.steps, batch_size=s.batch_size,
-                                learning_rate=s.learning_rate, seed=cfg.run.seed, warmup_steps=s.warmup_steps,
-                                max_grad_norm=cfg.learn.max_grad_norm, pad_id=pad, progress=progress,
-                                buckets=buckets, chunk=chunk)
-    finally:
-        bar.close()
-    nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
-    return {"pack": dataclasses.asdict(stats), "train_examples": len(train), "held_out_examples": len(held),
-            "held_out_nll_before": nll_before, "held_out_nll_after": nll_after,
-            "final_train_loss": float(np.mean([h["loss"] for h in history[-10:]])),
-            "skipped_steps": int(sum(h["skipped"] for h in history))}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -401,64 +287,21 @@ def run(cfg: Any) -> Path:
         out, title="retrojax demo: a small Qwen3 agent learns Sokoban with ReTRAIL", results=results,
         curve=curve, attempts=attempts, facts=facts, stages=stages.times,
         comparisons=[("SFT", "RL", p) for p in cfg.eval.protocols], notes=notes)
+    if curve:
+        with path.open("a") as f:
+            f.write("\n## Per-update diagnostics\n\nMean advantage (A) by decision kind over the update's "
+                    "trained calls; KL estimates per sampled token; entropy is the mean −log π of the "
+                    "sampled tokens.\n\n" + diagnostics_table(curve) + "\n")
     summary = {"results": results, "deltas": {k: report.deltas(v) for k, v in results.items()},
                "sft": sft_stats, "demonstrations": demo_stats, "curve": curve, "attempts": attempts,
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
                "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path),
-               "train_tasks": trainer.tasks.num_tasks}
+               "train_tasks": trainer.tasks.num_tasks,
+               "heldout_trials": {label: [[t.protocol, int(t.task), int(t.seed), bool(t.success)]
+                                          for t in arch.trials]
+                                  for label, arch in (("SFT", sft_archive), ("RL", rl_archive))}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return path
-
-
-def learning_curve(history: list[dict[str, float]]) -> list[dict[str, Any]]:
-    """Per update: training-batch success and trials, reward, held-out success, and cumulative wall time."""
-    curve, wall = [], 0.0
-    for h in history:
-        wall += float(h.get("time/collect_s", 0.0)) + float(h.get("time/learn_s", 0.0))
-        curve.append({"update": int(h["iteration"]), "success": h.get("rollout/success", float("nan")),
-                      "trials": int(h.get("rollout/trials", 0)), "reward": h.get("rollout/return"),
-                      "eval_success": h.get("eval/success"), "wall_s": wall})
-    return curve
-
-
-def batch_success_change(curve: Sequence[dict[str, Any]], window: int = 2) -> dict[str, Any] | None:
-    """Training-batch success of the first vs the last ``window`` updates (fewer when the run is short, so
-    the two windows never share an update), pooled over their trials, with Wilson 95% intervals."""
-    from retrojax.eval.metrics import wilson
-
-    n = len(curve)
-    w = min(window, n // 2)
-    if w < 1:
-        return None
-
-    def pooled(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        trials = sum(int(p["trials"]) for p in points)
-        wins = int(round(sum(float(p["success"]) * int(p["trials"]) for p in points)))
-        rate = wins / trials if trials else float("nan")
-        return {"success": rate, "trials": trials, "ci95": list(wilson(wins, trials)),
-                "updates": [int(p["update"]) for p in points]}
-
-    first, last = pooled(curve[:w]), pooled(curve[-w:])
-    return {"first": first, "last": last, "change": last["success"] - first["success"],
-            "overlap": report.intervals_overlap(first["ci95"], last["ci95"])}
-
-
-def _updates_text(updates: Sequence[int]) -> str:
-    return f"update {updates[0]}" if len(updates) == 1 else f"updates {updates[0]}-{updates[-1]}"
-
-
-def batch_success_note(change: dict[str, Any] | None) -> str:
-    """One sentence: did training-batch success rise, with intervals."""
-    if change is None:
-        return "Training-batch success: too few updates to compare a first and a last window."
-    f, la = change["first"], change["last"]
-    verdict = "rose" if change["change"] > 0 else ("did not change" if change["change"] == 0 else "fell")
-    support = ("the 95% intervals overlap, so the change is not statistically supported"
-               if change["overlap"] else "the 95% intervals do not overlap")
-    return (f"Training-batch success {verdict}: {f['success']:.1%} {report.fmt_ci(f['ci95'])} over "
-            f"{_updates_text(f['updates'])} ({f['trials']} trials) → {la['success']:.1%} "
-            f"{report.fmt_ci(la['ci95'])} over {_updates_text(la['updates'])} ({la['trials']} trials); "
-            f"{support}.")
 
 
 def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg: Any) -> list[str]:

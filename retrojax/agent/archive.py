@@ -76,6 +76,7 @@ class CallRecord:
     reward: float = 0.0  # δ
     solved: bool = False
     failed: bool = False
+    teach: bool = True  # a demonstration label to imitate (False: a scripted policy's deliberate random move)
 
 
 @dataclasses.dataclass

@@ -204,6 +204,7 @@ class Generation:
     finish_reason: str = "stop"  # stop | length (cut off: an invalid turn) | context (no room: trial ends)
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens a server reported; None if local
     error: str = ""  # why a served request failed ("" if it did not): the turn is invalid with this reason
+    teach: bool = True  # for demonstrations: False marks a deliberate random move (context, never a target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -430,7 +431,7 @@ class Trial:
             segment=self.segment.index, position=len(self.segment.calls) if req.role == EXECUTION else -1,
             checkpoint=self.k, state_key=self.path[-1].state_key, history_key=self.history_key(),
             prompt_ids=req.prompt_ids, output_ids=out_ids, logprobs=logprobs, output_text=gen.text,
-            finish_reason=gen.finish_reason,
+            finish_reason=gen.finish_reason, teach=gen.teach,
         )
         if gen.usage is not None:
             call.prompt_tokens, call.completion_tokens = int(gen.usage[0]), int(gen.usage[1])

@@ -62,6 +62,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 # Sizes for the 2-core CPU (training and evaluation batches share one sampler shape: 2 tasks x 16
 # trials = 32 held-out levels x 1 protocol); the module docstring says why each value (ours, not the paper's).
 BENCH = [
@@ -78,7 +80,7 @@ QUICK = [
 
 def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str = "T@3") -> dict[str, Any]:
     """The bench figures from a demo ``summary.json`` (see the module docstring)."""
-    from retrojax.demo import batch_success_change
+    from retrojax.learn.curves import batch_success_change
 
     curve = summary["curve"]
     out: dict[str, Any] = {"learn.updates": len(curve), "learn.wall_s": float(wall_s),
@@ -91,6 +93,11 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
             out[f"learn.success.{name}"] = float(change[name]["success"])
             out[f"learn.success.{name}.ci95_lo"], out[f"learn.success.{name}.ci95_hi"] = change[name]["ci95"]
         out["learn.success.change"] = float(change["change"])
+        w = len(change["first"]["updates"])
+        for name, points in (("first", curve[:w]), ("last", curve[-w:])):
+            mixed = [float(p["diag/mixed_groups"]) for p in points if p.get("diag/mixed_groups") is not None]
+            if mixed:
+                out[f"learn.mixed_groups.{name}"] = float(np.mean(mixed))
     for label, key in (("SFT", "sft"), ("RL", "rl")):
         r = summary["results"][label][protocol]
         out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])

@@ -1,7 +1,7 @@
 """``retrojax train``: load the config, build model and tokenizer, optionally warm-start, fit, export.
 
-With ``sft.warm_start: true`` the policy is first fine-tuned on the scripted oracle's demonstrations (the
-demo's warm start: solver and recovery play through the real trial loop, loss on the model's own tokens),
+With ``sft.warm_start: true`` the policy is first fine-tuned on the scripted oracle's demonstrations
+(retrojax.learn.warm_start: solver and recovery play through the real trial loop, loss on expert tokens),
 so that RL starts from a policy that writes parseable actions and sometimes succeeds: from a random tiny
 model every trial fails alike and every advantage is zero. A resumed run with a checkpoint skips it (the
 checkpoint already holds the warm-started and trained weights).
@@ -26,8 +26,8 @@ def warm_start(cfg: Any, model: Any, tokenizer: Any, resume: bool) -> dict[str, 
     """
     if not cfg.sft.warm_start:
         return None
-    from retrojax import demo
     from retrojax.agent.env_api import make_env
+    from retrojax.learn import warm_start as demos_lib
     from retrojax.learn.checkpoint import TrainCheckpoints
 
     ckpt_dir = Path(cfg.run.out_dir) / "checkpoints"
@@ -36,10 +36,10 @@ def warm_start(cfg: Any, model: Any, tokenizer: Any, resume: bool) -> dict[str, 
         return None
     env = make_env(cfg, f"{cfg.env.split.split(':')[0]}:train")
     try:
-        demos, demo_stats = demo.run_demonstrations(cfg, env, tokenizer)
+        demos, demo_stats = demos_lib.run_demonstrations(cfg, env, tokenizer)
     finally:
         env.close()
-    stats = demo.warm_start(cfg, model, demos, tokenizer)
+    stats = demos_lib.warm_start(cfg, model, demos, tokenizer)
     out = {"demonstrations": demo_stats, "steps": cfg.sft.steps,
            "held_out_nll_before": stats["held_out_nll_before"],
            "held_out_nll_after": stats["held_out_nll_after"],

@@ -42,7 +42,9 @@ from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
 from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
-from retrojax.learn.update import LogProbs, Update, make_optimizer, split_model
+from retrojax.learn.diagnostics import update_diagnostics
+from retrojax.learn.update import LogProbs, Update, make_optimizer
+from retrojax.model.lora import base_pointer, join_params, lora_plan, split_params
 from retrojax.parallel.distributed import is_writer
 
 
@@ -99,6 +101,14 @@ def _to_device(mb: Microbatch, plan: Any = None) -> dict[str, jax.Array]:
     return global_batch(pad_rows(mb.arrays, multiple), plan)
 
 
+@jax.jit
+def _k3_totals(behaviour: jax.Array, ref: jax.Array, mask: jax.Array) -> jax.Array:
+    """(sum, count) of the k3 estimate of KL(behaviour ‖ reference) over the sampled tokens in ``mask``."""
+    d = jnp.where(mask, ref - behaviour, 0.0)
+    k3 = jnp.exp(d) - d - 1.0
+    return jnp.stack([jnp.sum(jnp.where(mask, k3, 0.0)), jnp.sum(mask).astype(jnp.float32)])
+
+
 def _mean_metrics(items: list[dict[str, Any]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for k in items[0] if items else ():
@@ -118,6 +128,8 @@ def validate_learn_config(lc: Any) -> None:
                         f"got {lc.reflection_reward!r}")
     if lc.old_logprobs not in ("sampler", "recompute"):
         problems.append(f"learn.old_logprobs must be sampler | recompute, got {lc.old_logprobs!r}")
+    if lc.layout not in ("rows", "packed", "tree"):
+        problems.append(f"learn.layout must be rows | packed | tree, got {lc.layout!r}")
     if lc.lr_schedule not in ("constant", "cosine"):
         problems.append(f"learn.lr_schedule must be constant | cosine, got {lc.lr_schedule!r}")
     for name in ("epochs", "minibatches", "tasks_per_update", "max_batch_tokens", "logprob_chunk"):
@@ -127,6 +139,11 @@ def validate_learn_config(lc: Any) -> None:
         problems.append(f"learn.train_tasks must be ≥ 1 (null: every training level), got {lc.train_tasks}")
     if not lc.seq_buckets or min(lc.seq_buckets) < 2:
         problems.append(f"learn.seq_buckets must list lengths ≥ 2, got {lc.seq_buckets}")
+    if lc.remat not in (True, False, "auto"):
+        problems.append(f"learn.remat must be true | false | auto, got {lc.remat!r}")
+    lora = getattr(lc, "lora", None)
+    if lora is not None and lora.rank > 0 and lora.dropout > 0:
+        problems.append("learn.lora.dropout > 0: the RL update draws no dropout key per step yet; use 0")
     if lc.clip_eps <= 0 or (lc.clip_eps_high is not None and lc.clip_eps_high <= 0):
         problems.append("learn.clip_eps (and clip_eps_high) must be > 0")
     if problems:
@@ -152,17 +169,24 @@ class Trainer:
             num_tasks = int(env.num_tasks) if env is not None else train_split_size(cfg)
         if self.learn.train_tasks is not None:  # a training pool: the first N levels, revisited every epoch
             num_tasks = min(num_tasks, self.learn.train_tasks)
-        self.graphdef, self.template, params = split_model(model)
+        # With LoRA adapters (retrojax.model.lora) params are the adapters and self.frozen the base
+        self.graphdef, self.template, params, self.frozen = split_params(model)
         # The schedule counts optimizer steps: one per minibatch per epoch of every update.
         self.schedule_steps = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
         self.tx, self.schedule = make_optimizer(self.learn, self.schedule_steps)
         self.plan = _plan(cfg, model, self.tx)
+        if self.plan is not None and self.frozen is not None:  # LoRA on a mesh: the base is placed once
+            from retrojax.parallel.shard import place_params
+
+            self.plan = lora_plan(self.plan, model, self.tx)
+            self.frozen = place_params(self.frozen, self.plan.frozen)
         self.update = Update(self.graphdef, self.template, self.tx, clip_eps=self.learn.clip_eps,
                              clip_eps_high=self.learn.clip_eps_high, kl_coef=self.learn.kl_coef,
                              chunk=self.learn.logprob_chunk, plan=self.plan,
-                             temperature=cfg.sampler.temperature)  # rollouts are scored as they were sampled
+                             temperature=cfg.sampler.temperature,  # rollouts are scored as they were sampled
+                             frozen=self.frozen)
         self.logprobs = LogProbs(self.graphdef, self.template, chunk=self.learn.logprob_chunk, plan=self.plan,
-                                 temperature=cfg.sampler.temperature)
+                                 temperature=cfg.sampler.temperature, frozen=self.frozen)
         if self.plan is None:
             self.params = params
             self.opt_state = self.tx.init(params)
@@ -171,7 +195,9 @@ class Trainer:
 
             self.params = place_params(params, self.plan.params)
             self.opt_state = init_optimizer(self.tx, self.params, self.plan)
-        self.ref_params = jax.tree.map(jnp.copy, params) if self.learn.kl_coef > 0 else None
+        # The frozen reference: the KL penalty's anchor, and the diag/kl_ref figure (learn.track_kl_ref).
+        keep_ref = self.learn.kl_coef > 0 or getattr(self.learn, "track_kl_ref", False)
+        self.ref_params = jax.tree.map(jnp.copy, params) if keep_ref else None
         self.iteration = 0
         self.optimizer_steps = 0
         self.key = jax.random.PRNGKey(cfg.run.seed)
@@ -189,7 +215,7 @@ class Trainer:
         On a mesh: the rollout-profile weights (tp only, so decoding all-gathers no weight per token), on
         this process's own devices — one sampler replica per host, synced here after every update.
         """
-        params = self.params
+        params = join_params(self.params, self.frozen)
         if self.plan is not None:
             from retrojax.parallel.mesh import local_mesh
             from retrojax.parallel.shard import place_params, to_local
@@ -206,16 +232,17 @@ class Trainer:
         return nnx.merge(self.graphdef, state)
 
     def export(self, path: str | Path) -> Path:
-        """Write the current policy as a Hugging Face checkpoint directory (process 0 writes)."""
-        from retrojax.model.checkpoint import save_pretrained
+        """Write the current policy as a Hugging Face checkpoint directory, or for a LoRA policy a PEFT
+        adapter directory (process 0 writes)."""
+        from retrojax.model.peft import save_policy
 
-        params = self.params
+        params = join_params(self.params, self.frozen)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
             params = jax.tree.map(lambda x: multihost_utils.process_allgather(x, tiled=True), params)
         if is_writer():
-            save_pretrained(self._merge(params), path)
+            save_policy(self._merge(params), path, base=base_pointer(self.cfg.model)["name"])
         return Path(path)
 
     # --- checkpoints -----------------------------------------------------------------------------
@@ -232,6 +259,8 @@ class Trainer:
             from retrojax.parallel.mesh import describe
 
             meta["mesh"] = describe(self.plan.mesh)
+        if self.frozen is not None:  # LoRA: the checkpoint holds the adapters only; this names their base
+            meta["base"] = base_pointer(self.cfg.model)
         self.checkpoints.save(self.iteration, self.params, self.opt_state, meta)
 
     def restore(self, step: int | None = None) -> bool:
@@ -269,11 +298,11 @@ class Trainer:
         plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
                             max_batch_tokens=max(1, lc.max_batch_tokens // jax.process_count()),
                             minibatches=lc.minibatches,
-                            chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng)
+                            chain=lc.chain_segments, skip_zero=lc.kl_coef == 0.0, rng=rng, layout=lc.layout)
         if jax.process_count() > 1:  # every process: the same steps and microbatch shapes
             from retrojax.parallel.shares import agree
 
-            local = agree(plan.minibatches, int(plan.stats.get("batch/tasks", len(tasks))))
+            local = agree(plan.minibatches, int(plan.stats.get("batch/tasks", len(tasks))), lc.layout)
             steps = [[_to_device(Microbatch(a, 0, 0), self.plan) for a in group] for group in local]
         else:
             steps = [[_to_device(mb, self.plan) for mb in group] for group in plan.minibatches]
@@ -294,7 +323,10 @@ class Trainer:
             metrics["train/skipped_steps"] = float(sum(float(m["skipped"]) for m in step_metrics))
         metrics["train/optimizer_steps"] = float(len(step_metrics))
         metrics["train/optimizer_steps_total"] = float(self.optimizer_steps)
+        # compiled update programs so far (one per microbatch shape; learn.layout keeps the shapes few)
+        metrics["train/update_programs"] = float(self.update.traces)
         metrics.update(adv.stats)
+        metrics.update(update_diagnostics(archive, adv))
         metrics.update(plan.stats)
         metrics.update(check)
         metrics.update({f"rollout/{k}": float(v) for k, v in rollout.items() if is_number(v)})
@@ -304,6 +336,7 @@ class Trainer:
     def _prepare(self, batches: list[dict[str, jax.Array]]) -> dict[str, float]:
         """Check sampler log-probs against θ_old; optionally replace them, and add reference log-probs."""
         gaps: list[np.ndarray] = []  # (max, sum, count) per microbatch, reduced on device
+        kl_ref: list[np.ndarray] = []  # (sum, count) of k3(behaviour ‖ reference) per microbatch
         for b in batches:
             if self.learn.check_logprobs or self.learn.old_logprobs == "recompute":
                 lp = self.logprobs(self.params, b)
@@ -312,20 +345,27 @@ class Trainer:
                 if self.learn.old_logprobs == "recompute":
                     b["old_logprobs"] = jnp.where(mask, lp, 0.0)
             if self.ref_params is not None:
-                b["ref_logprobs"] = self.logprobs(self.ref_params, b)
+                ref = self.logprobs(self.ref_params, b)
+                kl_ref.append(np.asarray(_k3_totals(b["old_logprobs"], ref, b["exec_mask"] | b["ref_mask"])))
+                if self.learn.kl_coef > 0:
+                    b["ref_logprobs"] = ref
+        out: dict[str, float] = {}
+        if kl_ref:
+            k = np.stack(kl_ref)
+            out["diag/kl_ref"] = float(k[:, 0].sum() / max(k[:, 1].sum(), 1.0))
         if not gaps:
-            return {}
+            return out
         g = np.stack(gaps)
         count = float(g[:, 2].sum())
         if count == 0:
-            return {}
+            return out
         gap_max, gap_mean = float(g[:, 0].max()), float(g[:, 1].sum() / count)
         if gap_max > 1e-2 and self.learn.old_logprobs == "sampler" and not self._warned_gap:
             self._warned_gap = True
             print(f"warning: sampler log-probs differ from θ_old's by up to {gap_max:.3g} (top-p/k "
                   "filtering?); the ratio uses the sampler's. Set learn.old_logprobs=recompute to use "
                   "the model's own.", file=sys.stderr)
-        return {"check/logprob_gap_mean": gap_mean, "check/logprob_gap_max": gap_max}
+        return {**out, "check/logprob_gap_mean": gap_mean, "check/logprob_gap_max": gap_max}
 
     # --- the loop --------------------------------------------------------------------------------
     def fit(self, updates: int | None = None, *, resume: bool = False,
@@ -341,6 +381,9 @@ class Trainer:
         if is_writer():
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "config.json").write_text(json.dumps(dataclasses.asdict(self.cfg), indent=1))
+            from retrojax.plan import log_trainer_plan
+
+            log_trainer_plan(self, self.out_dir)
         bar = _progress(total, self.iteration, self.progress and is_writer())
         done = 0
         try:

@@ -1,0 +1,91 @@
+"""Learning curves from the trainer's history: per-update points and a first-vs-last window comparison.
+
+Host-side bookkeeping shared by the demo's report and ``retrojax bench learn`` (which read the same
+``summary.json`` curve).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from retrojax.eval import report
+
+# Per-update diagnostics carried into the curve (the trainer logs them; see retrojax.learn.diagnostics).
+DIAGNOSTICS = ("diag/mixed_groups", "diag/adv/move", "diag/adv/rewind", "diag/adv/invalid",
+               "diag/adv/reflection", "train/approx_kl", "diag/kl_ref", "train/entropy_est",
+               "rollout/invalid", "train/optimizer_steps")
+
+
+def learning_curve(history: list[dict[str, float]]) -> list[dict[str, Any]]:
+    """Per update: training-batch success and trials, reward, held-out success, and cumulative wall time."""
+    curve, wall = [], 0.0
+    for h in history:
+        wall += float(h.get("time/collect_s", 0.0)) + float(h.get("time/learn_s", 0.0))
+        curve.append({"update": int(h["iteration"]), "success": h.get("rollout/success", float("nan")),
+                      "trials": int(h.get("rollout/trials", 0)), "reward": h.get("rollout/return"),
+                      "eval_success": h.get("eval/success"), "wall_s": wall,
+                      **{k: h[k] for k in DIAGNOSTICS if k in h}})
+    return curve
+
+
+def batch_success_change(curve: Sequence[dict[str, Any]], window: int = 2) -> dict[str, Any] | None:
+    """Training-batch success of the first vs the last ``window`` updates (fewer when the run is short, so
+    the two windows never share an update), pooled over their trials, with Wilson 95% intervals."""
+    from retrojax.eval.metrics import wilson
+
+    n = len(curve)
+    w = min(window, n // 2)
+    if w < 1:
+        return None
+
+    def pooled(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        trials = sum(int(p["trials"]) for p in points)
+        wins = int(round(sum(float(p["success"]) * int(p["trials"]) for p in points)))
+        rate = wins / trials if trials else float("nan")
+        return {"success": rate, "trials": trials, "ci95": list(wilson(wins, trials)),
+                "updates": [int(p["update"]) for p in points]}
+
+    first, last = pooled(curve[:w]), pooled(curve[-w:])
+    return {"first": first, "last": last, "change": last["success"] - first["success"],
+            "overlap": report.intervals_overlap(first["ci95"], last["ci95"])}
+
+
+def _updates_text(updates: Sequence[int]) -> str:
+    return f"update {updates[0]}" if len(updates) == 1 else f"updates {updates[0]}-{updates[-1]}"
+
+
+def batch_success_note(change: dict[str, Any] | None) -> str:
+    """One sentence: did training-batch success rise, with intervals."""
+    if change is None:
+        return "Training-batch success: too few updates to compare a first and a last window."
+    f, la = change["first"], change["last"]
+    verdict = "rose" if change["change"] > 0 else ("did not change" if change["change"] == 0 else "fell")
+    support = ("the 95% intervals overlap, so the change is not statistically supported"
+               if change["overlap"] else "the 95% intervals do not overlap")
+    return (f"Training-batch success {verdict}: {f['success']:.1%} {report.fmt_ci(f['ci95'])} over "
+            f"{_updates_text(f['updates'])} ({f['trials']} trials) → {la['success']:.1%} "
+            f"{report.fmt_ci(la['ci95'])} over {_updates_text(la['updates'])} ({la['trials']} trials); "
+            f"{support}.")
+
+
+
+
+def diagnostics_table(curve: Sequence[dict[str, Any]]) -> str:
+    """A Markdown table of the per-update diagnostics (success, mixed groups, mean advantage by decision kind,
+    KL to the behaviour and reference policies, entropy, invalid turns, optimizer steps)."""
+    cols = [("success", "success", "{:.0%}"), ("mixed groups", "diag/mixed_groups", "{:.0%}"),
+            ("A move", "diag/adv/move", "{:+.2f}"), ("A rewind", "diag/adv/rewind", "{:+.2f}"),
+            ("A invalid", "diag/adv/invalid", "{:+.2f}"), ("A reflection", "diag/adv/reflection", "{:+.2f}"),
+            ("KL behaviour", "train/approx_kl", "{:.4f}"), ("KL ref", "diag/kl_ref", "{:.4f}"),
+            ("entropy", "train/entropy_est", "{:.3f}"), ("invalid/trial", "rollout/invalid", "{:.2f}"),
+            ("steps", "train/optimizer_steps", "{:.0f}")]
+
+    def cell(p: dict[str, Any], key: str, fmt: str) -> str:
+        v = p.get(key)
+        return "–" if v is None or v != v else fmt.format(float(v))  # v != v: NaN (no such decision)
+
+    head = "| update | " + " | ".join(c[0] for c in cols) + " |"
+    rule = "|---:|" + "---:|" * len(cols)
+    rows = [f"| {p['update']} | " + " | ".join(cell(p, k, f) for _, k, f in cols) + " |" for p in curve]
+    return "\n".join([head, rule, *rows])

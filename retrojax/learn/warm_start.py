@@ -1,0 +1,156 @@
+"""Oracle demonstrations and the SFT warm start, shared by ``demo``, ``train`` and the benches.
+
+Demonstrations are trials of the scripted ``OraclePolicy`` through the real trial loop, so every call's
+prompt and output ids are exactly what the model must produce:
+
+- solver play (ε = 0), once per (level, protocol) — the expert is deterministic, so repeats would be copies;
+- recovery play (ε = ``sft.oracle_epsilon``) under the training protocol, each episode with its own seed: the
+  random moves lead to varied states from which the expert's next decisions, rewinds and reflections are
+  recorded (states the solver line never visits).
+
+``sft.demo_tasks`` (ours) concentrates the demonstrations on the first N training levels — by default the RL
+pool (``learn.train_tasks``) — so the warm start is strongest where RL plays.
+
+The warm start trains the expert decisions and the reflections; the oracle's deliberate random moves
+(``CallRecord.teach`` False) stay in the context as what happened, never as targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from retrojax.agent.archive import Archive
+
+
+def demo_protocols(cfg: Any) -> list[str]:
+    """Protocols whose prompts the solver demonstrations cover: the evaluation ones and the training one."""
+    out = list(cfg.eval.protocols)
+    if cfg.trial.protocol not in out:
+        out.append(cfg.trial.protocol)
+    return out
+
+
+def demo_task_count(cfg: Any, num_tasks: int) -> int:
+    """How many training levels the demonstrations cycle through (``sft.demo_tasks``, else the RL pool)."""
+    n = getattr(cfg.sft, "demo_tasks", None)
+    if n is None:
+        n = cfg.learn.train_tasks
+    return num_tasks if n is None else max(1, min(int(n), num_tasks))
+
+
+def run_demonstrations(cfg: Any, env: Any, tokenizer: Any) -> tuple[Archive, dict[str, Any]]:
+    """Oracle trials on training levels: solver play (ε = 0) and recovery play (ε = ``sft.oracle_epsilon``).
+
+    Every trial's randomness follows from ``run.seed`` and its index, so replaying with another tokenizer
+    gives the same trials. ``tokenizer`` None records byte-level ids.
+    """
+    from retrojax.agent.policies import OraclePolicy
+    from retrojax.agent.runner import Runner
+    from retrojax.agent.trial import TrialSpec, parse_protocol
+
+    s = cfg.sft
+    n_tasks = demo_task_count(cfg, env.num_tasks)
+    protocols = demo_protocols(cfg)
+    archive = Archive()
+    stats: dict[str, Any] = {"levels": n_tasks}
+    solver = min(s.num_solver_episodes, n_tasks * len(protocols))  # deterministic: no copies
+    per_protocol = math.ceil(solver / len(protocols)) if solver else 0
+    first = 0
+    plays = [("solver", 0.0, [(p, i % n_tasks) for p in protocols for i in range(per_protocol)]),
+             ("recovery", s.oracle_epsilon, [(cfg.trial.protocol, i % n_tasks)
+                                            for i in range(s.num_recovery_episodes)])]
+    for name, eps, items in plays:
+        if not items:
+            continue
+        # replicate = episode index: the oracle's random stream differs between repeats of a level
+        specs = [TrialSpec(trial=first + i, task=int(task), seed=int(cfg.run.seed), replicate=i,
+                           protocol=parse_protocol(proto).name) for i, (proto, task) in enumerate(items)]
+        first += len(specs)
+        runner = Runner(cfg, env, OraclePolicy(eps), tokenizer=tokenizer, record_tokens=True)
+        part = runner.run(specs)
+        archive.extend(part)
+        execs = [c for c in part.calls if c.role == "execution"]
+        stats[name] = {"trials": len(part.trials), "calls": len(part.calls),
+                       "success": float(np.mean([t.success for t in part.trials])),
+                       "recoveries": len(part.recoveries),
+                       "model_rewinds": int(sum(t.rewinds_model for t in part.trials)),
+                       "forced_rewinds": int(sum(t.rewinds_forced for t in part.trials)),
+                       "context_only_moves": int(sum(not c.teach for c in execs)),
+                       "distinct_execution_calls": len({(c.prompt_ids.tobytes(), c.output_ids.tobytes())
+                                                        for c in execs})}
+    return archive, stats
+
+
+def corpus_from_archive(archive: Archive, decode: Any) -> list[str]:
+    """Texts for a tokenizer: every trial's longest context (prompt + output) and every reflection call."""
+    longest: dict[int, Any] = {}
+    texts: list[str] = []
+    for c in archive.calls:
+        n = len(c.prompt_ids) + len(c.output_ids)
+        if c.trial not in longest or n > len(longest[c.trial].prompt_ids) + len(longest[c.trial].output_ids):
+            longest[c.trial] = c
+        if c.role == "reflection":
+            texts.append(decode(np.concatenate([c.prompt_ids, c.output_ids])))
+    texts += [decode(np.concatenate([c.prompt_ids, c.output_ids])) for c in longest.values()]
+    return texts
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int]:
+    """(end-of-turn id, padding id) of a model tokenizer, or of the byte-level chat tokenizer (which has
+    no padding id: padded positions are masked out, so its end-of-turn id serves)."""
+    end = getattr(tokenizer, "im_end_id", None)
+    end = int(tokenizer.stop_ids[0]) if end is None else int(end)
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return end, end if pad is None else int(pad)
+
+
+def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *,
+               progress: bool = True) -> dict[str, Any]:
+    """SFT of ``model`` in place on the demonstrations: loss on the expert's output tokens (+ end of turn)
+    and the reflections; the oracle's random moves are context only. Returns the figures."""
+    from retrojax.learn import sft
+
+    s = cfg.sft
+    end_id, pad = special_ids(tokenizer)
+    calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
+    teach = [bool(c.teach) for c in archive.calls]
+    examples, stats = sft.pack_calls(calls, s.seq_len, end_id=end_id, train=teach)
+    if not examples:
+        raise ValueError(f"no demonstration fits sft.seq_len={s.seq_len} tokens ({stats.dropped} dropped)")
+    rng = np.random.default_rng(cfg.run.seed)
+    order = rng.permutation(len(examples))
+    held = [examples[i] for i in order[: max(1, len(examples) // 10)]]
+    train = [examples[i] for i in order[max(1, len(examples) // 10):]] or held
+    buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
+    chunk = cfg.learn.logprob_chunk
+    nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=s.steps, desc="sft", unit="step")
+
+    def advance(step: int, m: dict[str, float]) -> None:
+        if bar is not None:
+            bar.update(1)
+            if step % 10 == 0:
+                bar.set_postfix(loss=f"{m['loss']:.3f}")
+
+    try:
+        history = sft.train_sft(model, train, steps=s.steps, batch_size=s.batch_size,
+                                learning_rate=s.learning_rate, seed=cfg.run.seed, warmup_steps=s.warmup_steps,
+                                max_grad_norm=cfg.learn.max_grad_norm, pad_id=pad, progress=advance,
+                                buckets=buckets, chunk=chunk)
+    finally:
+        if bar is not None:
+            bar.close()
+    nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
+    return {"pack": dataclasses.asdict(stats), "train_examples": len(train), "held_out_examples": len(held),
+            "context_only_calls": int(sum(not t for t in teach)),
+            "held_out_nll_before": nll_before, "held_out_nll_after": nll_after,
+            "final_train_loss": float(np.mean([h["loss"] for h in history[-10:]])),
+            "skipped_steps": int(sum(h["skipped"] for h in history))}
