@@ -11,10 +11,10 @@ from nbclient import NotebookClient
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
 
-def test_the_three_notebooks_are_there():
+def test_the_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == [
-        "01_environments_and_rewind.ipynb", "02_trials_and_advantages.ipynb", "03_ablations.ipynb",
-        "04_rir.ipynb"]
+        "00_quickstart.ipynb", "01_environments_and_rewind.ipynb", "02_trials_and_advantages.ipynb",
+        "03_ablations.ipynb", "04_rir.ipynb"]
 
 
 def _kernel_manager() -> KernelManager:
