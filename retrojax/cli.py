@@ -70,12 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--adapter", default=None, help="a PEFT LoRA adapter directory to put on --model")
     gen.set_defaults(func=_handler("retrojax.generate:main"))
 
     # --- serve -------------------------------------------------------------------------------
     srv = sub.add_parser("serve", help="OpenAI-compatible chat server over a local checkpoint")
     srv.add_argument("--model", required=True, help="directory with config.json + safetensors")
     srv.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
+    srv.add_argument("--adapter", default=None, help="a PEFT LoRA adapter directory to serve on --model")
     srv.add_argument("--name", default=None, help="model id clients ask for (default: the directory name)")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
@@ -122,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(tr, default="configs/sokoban_tiny.yaml")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     tr.set_defaults(func=_handler("retrojax.learn.cli:main"))
+
+    # --- plan --------------------------------------------------------------------------------
+    pl = sub.add_parser("plan", help="compile-only memory plan: what fits one device (no weights needed)")
+    _add_config_args(pl)
+    pl.add_argument("--device-memory", default="80GB", help="memory of one device, e.g. 80GB, 141GiB")
+    pl.add_argument("--json", default=None, help="also write the figures to this JSON file")
+    pl.add_argument("--no-compare", action="store_true", help="skip the other route (full vs LoRA)")
+    pl.set_defaults(func=_handler("retrojax.plan.cli:main"))
 
     # --- demo --------------------------------------------------------------------------------
     demo = sub.add_parser("demo", help="the built-in default: SFT + ReTRAIL RL on small Sokoban, on CPU")

@@ -41,6 +41,11 @@ def main(args: argparse.Namespace) -> int:
             return 2
     try:
         model = from_pretrained(model_dir, dtype=jnp.float32)
+        if getattr(args, "adapter", None):  # a PEFT LoRA adapter on the base (retrojax.model.peft)
+            from retrojax.model.lora import for_decoding
+            from retrojax.model.peft import load_peft_adapter
+
+            model = for_decoding(load_peft_adapter(model, args.adapter))
         tokenizer = load_tokenizer(tok_dir)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

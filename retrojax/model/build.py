@@ -19,11 +19,31 @@ class ByteTokenizer(ByteChatTokenizer):
 
 
 def build_model(cfg: Any) -> Any:
-    """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset.
+    """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset; with
+    ``model.adapter`` a PEFT LoRA adapter on it, else with ``learn.lora.rank > 0`` fresh LoRA adapters
+    (retrojax.model.lora). ``learn.remat: auto`` is resolved here (retrojax.plan).
 
     On more than one device the weights are created (or read) directly into their train-profile
     shardings on the ``cfg.mesh`` mesh: no device ever holds the whole model first.
     """
+    from retrojax.plan.runtime import resolve_remat
+
+    model = _build_base(cfg, resolve_remat(cfg))
+    lora = getattr(cfg.learn, "lora", None)
+    adapter = getattr(cfg.model, "adapter", None)
+    if adapter:
+        from retrojax.model.peft import load_peft_adapter
+
+        return load_peft_adapter(model, adapter, dtype=jnp.dtype(lora.dtype if lora else "float32"))
+    if lora is not None and lora.rank > 0:
+        from retrojax.model.lora import apply_lora
+
+        return apply_lora(model, rank=lora.rank, alpha=lora.alpha, targets=lora.targets, dropout=lora.dropout,
+                          dtype=jnp.dtype(lora.dtype), seed=cfg.model.seed)
+    return model
+
+
+def _build_base(cfg: Any, remat: bool) -> Any:
     from retrojax.model import PRESETS, Qwen3
 
     dtype = jnp.dtype(cfg.model.dtype)
@@ -32,15 +52,17 @@ def build_model(cfg: Any) -> Any:
         from retrojax.model.checkpoint import from_pretrained
 
         rules = None if mesh is None else _rules(cfg)
-        return from_pretrained(cfg.model.path, dtype=dtype, mesh=mesh,
-                               **({} if rules is None else {"rules": rules}))
+        model = from_pretrained(cfg.model.path, dtype=dtype, mesh=mesh,
+                                **({} if rules is None else {"rules": rules}))
+        model.remat = remat
+        return model
     if cfg.model.preset not in PRESETS:
         raise ValueError(f"model.preset {cfg.model.preset!r} is not one of {sorted(PRESETS)}")
     config = PRESETS[cfg.model.preset]
     if mesh is not None:
-        return create_sharded(config, mesh, dtype=dtype, seed=cfg.model.seed, remat=cfg.learn.remat,
+        return create_sharded(config, mesh, dtype=dtype, seed=cfg.model.seed, remat=remat,
                               overrides=cfg.mesh.rules, strict=cfg.mesh.strict)
-    return Qwen3(config, dtype=dtype, rngs=nnx.Rngs(cfg.model.seed), remat=cfg.learn.remat)
+    return Qwen3(config, dtype=dtype, rngs=nnx.Rngs(cfg.model.seed), remat=remat)
 
 
 def _mesh(cfg: Any) -> Any:

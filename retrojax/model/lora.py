@@ -267,3 +267,45 @@ def split_params(model: nnx.Module) -> tuple[Any, Any, dict[str, Any], dict[str,
         return graphdef, template, nnx.to_pure_dict(state), None
     _, adapters, base = nnx.split(model, nnx.LoRAParam, ...)
     return graphdef, template, nnx.to_pure_dict(adapters), nnx.to_pure_dict(base)
+
+
+def _pick(tree: Mapping[str, Any], like: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of nested dict ``tree`` with the keys of ``like``."""
+    return {k: _pick(tree[k], v) if isinstance(v, Mapping) else tree[k] for k, v in like.items()}
+
+
+def lora_plan(plan: Any, model: nnx.Module, tx: Any = None) -> Any:
+    """A ``ShardingPlan`` for training a LoRA model: ``params`` (and the optimizer's shardings) cover the
+    adapters only and a new ``frozen`` field holds the base weights' shardings; ``rollout_params`` stays
+    the whole model's (the sampler decodes base + adapters)."""
+    import dataclasses
+
+    from retrojax.parallel.shard import optimizer_specs
+
+    _, _, adapters, base = split_params(model)
+    if base is None:
+        return plan
+    out = dataclasses.replace(plan, params=_pick(plan.params, adapters))
+    out.frozen = _pick(plan.params, base)
+    if tx is not None:
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), adapters)
+        out.opt = optimizer_specs(tx, shapes, out.params, plan.mesh)
+    return out
+
+
+def base_pointer(model_cfg: Any) -> dict[str, Any]:
+    """What an adapters-only checkpoint needs to find its base again: the ``model`` config section's
+    checkpoint path (or preset and seed), dtype and any PEFT adapter the training started from."""
+    name = model_cfg.path or f"preset:{model_cfg.preset}"
+    return {"name": name, "path": model_cfg.path, "preset": model_cfg.preset, "seed": model_cfg.seed,
+            "dtype": model_cfg.dtype, "adapter": getattr(model_cfg, "adapter", None)}
+
+
+# The sampler decodes a LoRA policy from merged weights (W + scale · A · B) rather than applying the
+# adapters at every step: measured faster at the Qwen3-0.6B shape (docs/lora-and-memory.md).
+DECODE_MERGED = True
+
+
+def for_decoding(model: Any) -> Any:
+    """The model a sampler should decode with: merged weights for a LoRA policy (``DECODE_MERGED``)."""
+    return merge_lora(model) if DECODE_MERGED and is_lora(model) else model

@@ -176,15 +176,21 @@ class BackgroundServer:
 
 def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, *, rows: int = 16,
                 max_len: int = 2048, chunk_steps: int = 4, dtype: str = "float32", seed: int = 0,
-                min_window: int = 256) -> Engine:
+                min_window: int = 256, adapter: str | Path | None = None) -> Engine:
     """An engine over a Hugging Face Qwen3 directory (config.json + safetensors + tokenizer files).
-    ``min_window``: the smallest attention window compiled for (``max_len``: one decode compilation)."""
+    ``min_window``: the smallest attention window compiled for (``max_len``: one decode compilation).
+    ``adapter``: a PEFT LoRA adapter directory served on the base (decoded from merged weights)."""
     import jax.numpy as jnp
 
     from retrojax.model.checkpoint import from_pretrained
     from retrojax.model.tokenizer import load_tokenizer
 
     model = from_pretrained(Path(model_dir), dtype=jnp.dtype(dtype))
+    if adapter:
+        from retrojax.model.lora import for_decoding
+        from retrojax.model.peft import load_peft_adapter
+
+        model = for_decoding(load_peft_adapter(model, adapter))
     tokenizer = load_tokenizer(Path(tokenizer_dir or model_dir))
     buckets = tuple(b for b in (32, 128, 512, 2048) if b < max_len) + (max_len,)
     return Engine(model, tokenizer, rows=rows, max_len=max_len, chunk_steps=chunk_steps, seed=seed,
@@ -203,7 +209,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         engine = load_engine(model_dir, args.tokenizer, rows=args.max_batch, max_len=args.max_len,
-                             chunk_steps=args.decode_chunk, dtype=args.dtype, seed=args.seed)
+                             chunk_steps=args.decode_chunk, dtype=args.dtype, seed=args.seed,
+                             adapter=getattr(args, "adapter", None))
     except (OSError, ValueError) as e:
         print(f"retrojax serve: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,107 @@
+"""The plan inside a run: the device's memory, ``learn.remat: auto`` and the figures the trainer logs."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from retrojax.plan.memory import GB, shapes_from_config, shard_bytes
+
+# the last compile-only update plan made by resolve_remat in this process (the trainer logs it)
+LAST_PLAN: dict[str, Any] = {}
+
+
+def device_memory_bytes() -> float | None:
+    """The first device's memory limit (GPU/TPU ``memory_stats``), or the host's RAM for CPU devices."""
+    import jax
+
+    stats = None
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return float(stats["bytes_limit"])
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().total)
+    except ImportError:
+        return None
+
+
+def _rough_update_bytes(cfg: Any) -> float:
+    """A generous bound on one update without remat (fp32 everything, every activation kept): when even
+    this fits, auto needs no compile."""
+    shapes = shapes_from_config(cfg)
+    c = shapes.config
+    per_token = 16 * c.hidden_size + 8 * c.intermediate_size + 8 * c.num_attention_heads * c.head_dim
+    acts = c.num_hidden_layers * shapes.rows * shapes.length * per_token * 4
+    logits = shapes.rows * min(shapes.length, cfg.learn.logprob_chunk) * c.vocab_size * 4 * 3
+    params = (c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+              + c.num_hidden_layers * (c.hidden_size * c.head_dim * (2 * c.num_attention_heads
+                                                                    + 2 * c.num_key_value_heads)
+                                       + 3 * c.hidden_size * c.intermediate_size))
+    return float(acts + logits + 16 * params)
+
+
+def resolve_remat(cfg: Any, log=None) -> bool:
+    """``learn.remat`` as a bool. ``auto``: off when the update fits the device without remat (a rough bound
+    first; otherwise a compile-only plan on this run's mesh), else on."""
+    setting = cfg.learn.remat
+    if isinstance(setting, bool):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"learn.remat must be true | false | auto, got {setting!r}")
+    budget = device_memory_bytes()
+    if budget is None or _rough_update_bytes(cfg) <= 0.5 * budget:
+        return False
+    from retrojax.model.build import _mesh
+    from retrojax.plan.memory import plan_update
+
+    mesh = _mesh(cfg)
+    shards = 1
+    if mesh is not None:
+        from retrojax.parallel.rules import _axes, rules_for
+
+        rules = rules_for("train", cfg.mesh.rules)
+        shards = math.prod(mesh.shape[a] for a in _axes(rules.get("batch")) if a in mesh.shape)
+    shapes = shapes_from_config(cfg, shards)
+    found = plan_update(cfg, shapes, mesh, remat=False, lora=shapes.lora)
+    remat = found["update"] > budget
+    LAST_PLAN.clear()
+    LAST_PLAN.update({"plan.no_remat.update_gb": found["update"] / GB,
+                      "plan.no_remat.act_gb": found["act"] / GB, "plan.device_gb": budget / GB,
+                      "plan.remat": remat})
+    if log is not None:
+        log(f"learn.remat auto: the update without remat needs {found['update'] / GB:.2f} GB per device of "
+            f"{budget / GB:.1f} GB -> remat {'on' if remat else 'off'}")
+    return remat
+
+
+def log_trainer_plan(trainer: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """The plan figures of a trainer's actual arrays (per device): parameters (trainable and frozen), AdamW
+    state, the gradient accumulator (= trainable), plus the remat decision and any compile-only figures
+    of this process. Printed as one line and written to ``out_dir/plan.json``."""
+    params = shard_bytes(trainer.params)
+    frozen = 0 if getattr(trainer, "frozen", None) is None else shard_bytes(trainer.frozen)
+    out: dict[str, Any] = {
+        "plan.route": "lora" if frozen else "full",
+        "plan.params_gb": (params + frozen) / GB,
+        "plan.trainable_gb": params / GB,
+        "plan.opt_gb": shard_bytes(trainer.opt_state) / GB,
+        "plan.grads_gb": params / GB,
+        "plan.remat_setting": str(trainer.cfg.learn.remat),
+        **LAST_PLAN,
+    }
+    budget = device_memory_bytes()
+    if budget is not None:
+        out.setdefault("plan.device_gb", budget / GB)
+    print("plan: " + ", ".join(f"{k.removeprefix('plan.')} {v:.3g}" if isinstance(v, float) else
+                               f"{k.removeprefix('plan.')} {v}" for k, v in out.items()), file=sys.stderr)
+    if out_dir is not None:
+        (Path(out_dir) / "plan.json").write_text(json.dumps(out, indent=1))
+    return out
