@@ -146,7 +146,7 @@ def load_peft_adapter(model: Any, path: str | Path, dtype: Any = jnp.float32) ->
             if layer >= c.num_hidden_layers:
                 raise AdapterError(f"{file}: tensor {name!r} is for layer {layer}; the model has "
                                    f"{c.num_hidden_layers}")
-            found.setdefault((target, m.group(4)), {})[layer] = st.get(name)
+            found.setdefault((target, m.group(4)), {})[layer] = np.array(st.get(name))
     finally:
         st.close()
     targets = [t for t in TARGETS if (t, "A") in found or (t, "B") in found]
