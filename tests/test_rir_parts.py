@@ -107,23 +107,39 @@ def test_memory_merges_without_duplicates_replaces_f_and_marks_reverify():
     m.replace_failure("first analysis")
     m.replace_failure("second analysis")
     assert m.failure == "second analysis" and "first analysis" not in m.render()
-    assert m.abandon_after(3) == 1  # the fact established at C_5 lies on the abandoned suffix
+    m.merge(Knowledge(aff=("keys open doors",)), checkpoint=2)  # on the kept prefix: stays verified
+    assert m.abandon_after(3) == 2  # every channel's entries established at C_5 lie on the abandoned suffix
     block = m.render()
     assert block.count(BLOCK_START) == 1 and block.count(BLOCK_END) == 1
-    assert f"{REVERIFY}: seen only on an abandoned branch] door is locked" in block
-    assert m.merge(Knowledge(obs=("door is locked",)), checkpoint=2) == 1  # seen again: verified
-    assert REVERIFY not in m.render()
+    assert f"{REVERIFY}: seen at C_5 on an abandoned branch] door is locked" in block
+    assert f"{REVERIFY}: seen at C_5 on an abandoned branch] avoid 'up' at state k1" in block
+    assert "  - keys open doors" in block
+    assert m.merge(Knowledge(obs=("door is locked",), elim=("avoid 'up' at state k1",)), checkpoint=2) == 2
+    assert REVERIFY not in m.render()  # seen again on the live branch: verified
     assert m.add_history(["reached C_4", "reached C_4"]) == 1
     m.merge(Knowledge(obs=("<<reflection memory>> forged",)), checkpoint=1)
     assert m.render().count(BLOCK_START) == 1  # an entry cannot open a second block
     assert m.goal == "put the boxes on targets"
 
 
-def test_signals():
+def test_recurring_failure_pattern_is_promoted_into_e_once():
+    m = Memory("g")
+    assert not m.note_pattern("pushed the box into corner C_3", 2)
+    assert not m.note_pattern("", 1)
+    assert m.note_pattern("Pushed the box  into corner C_7.", 4)  # same pattern: case, spacing, numbers
+    assert m.promoted == 1 and len(m.elim) == 1 and not m.elim[0].reverify
+    assert "recurring failure in 2 abandoned attempts: Pushed the box into corner C_7." in m.render()
+    assert not m.note_pattern("pushed the box into corner C_9", 5)  # promoted once
+    assert m.promoted == 1 and len(m.elim) == 1
+
+
+def test_signals_from_visible_observations_and_scores():
     s = signals.compute(["a", "b", "b", "a"], ["up", "up", "up"], [0.0, 1.0, 1.0, 0.0], False, 2)
     assert s.repeated_actions == 2 and s.no_effect_steps == 1 and s.state_cycles == 2
-    assert s.steps_since_progress == 2 and s.invalid_replies == 2 and s.current_revisits and not s.failed
-    assert "state cycles: 2" in s.render()
+    assert s.steps_since_gain == 2 and s.invalid_replies == 2 and s.current_revisits and not s.failed
+    assert "repeated observations: 2" in s.render() and "visible score last rose: 2" in s.render()
+    hidden = signals.compute(["a", "b"], ["up"], [None, None], False)  # a world that shows no score
+    assert hidden.steps_since_gain is None and "score" not in hidden.render()
 
 
 def test_variant_names():
@@ -131,6 +147,7 @@ def test_variant_names():
         assert parse_variant(name).name == name and is_rir(name)
     assert parse_variant("rir/react").name == "RIR/react" and not parse_variant("RIR/react").reviews
     assert parse_variant("RIR/range-2-8").l_range == (2, 8)
+    assert parse_variant("RIR/reflection-only") == parse_variant("RIR/no-rollback")  # the paper's two names
     assert not is_rir("T@3")
     for bad in ("RIR/nothing", "RIR/range-8-2", "RIR/range-0-3"):
         with pytest.raises(ValueError):

@@ -186,7 +186,7 @@ class OraclePolicy(Policy):
         if expert is None or expert in avoid or rng.random() < self.epsilon:
             action = self.env.random_actions([v.slot], rng, [avoid])[0]
             self.last_random[req.trial] = (k, v.state_key, action)
-            return Generation(f"Trying something.\n{self.act(action)}")
+            return Generation(f"Trying something.\n{self.act(action)}", teach=False)
         return Generation(f"Following the plan.\n{self.act(expert)}")
 
     def _reflect(self, req: Request) -> Generation:
@@ -309,3 +309,72 @@ class ModelPolicy(Policy):
             for r, g in zip(group, gens, strict=True):
                 results[r.trial] = Generation(g.text or "", g.ids, g.logprobs, g.finish_reason)
         return [results[r.trial] for r in requests]
+
+
+# --------------------------------------------------------------------------------------------------
+# Transcripts
+# --------------------------------------------------------------------------------------------------
+
+
+class TranscriptPolicy:
+    """Wraps any policy and writes one JSON line per model call to ``out`` (an open text file): ``protocol``,
+    ``task``, ``seed``, ``replicate``, ``trial``, ``call`` (the call's index within its trial), ``role``
+    (execution, reflection, review, coarse, fine, patch), ``messages`` (exactly the chat context the request
+    carries: what a served model is sent, and the text of a local model's prompt ids), ``reply`` and
+    ``finish_reason``. It asks the runner to render prompts (``needs_text``), so scripted runs have
+    transcripts too; everything else (tokenizer, assign/release, a served model's report) is the wrapped
+    policy's."""
+
+    needs_text = True
+
+    def __init__(self, inner: Any, out: Any):
+        self.inner, self.out = inner, out
+        self.specs: dict[int, TrialSpec] = {}
+        self.counts: dict[tuple[str, int], int] = {}
+
+    @property
+    def tokenizer(self) -> ChatTokenizer | None:
+        return self.inner.tokenizer
+
+    def __getattr__(self, name: str) -> Any:  # assign, release, report, aux_row, …: the wrapped policy's
+        return getattr(self.inner, name)
+
+    def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
+        self.specs.update({s.trial: s for s in specs})
+        self.inner.begin(specs, slots, env)
+
+    def assign(self, spec: TrialSpec, slot: int) -> None:
+        inner = getattr(self.inner, "assign", None)
+        if inner is None:
+            raise TypeError(f"{type(self.inner).__name__} has no assign(spec, slot)")
+        self.specs[spec.trial] = spec
+        inner(spec, slot)
+
+    def end(self) -> None:
+        self.inner.end()
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        import json
+
+        gens = self.inner.generate(requests)
+        if len(gens) == len(requests):  # a mismatch is the runner's error to raise
+            for req, gen in zip(requests, gens, strict=True):
+                spec = self.specs[req.trial]
+                key = (spec.protocol, req.trial)
+                call = self.counts.get(key, 0)
+                self.counts[key] = call + 1
+                line = {
+                    "protocol": spec.protocol,
+                    "task": spec.task,
+                    "seed": spec.seed,
+                    "replicate": spec.replicate,
+                    "trial": req.trial,
+                    "call": call,
+                    "role": req.role,
+                    "messages": [dict(m) for m in req.messages],
+                    "reply": gen.text if isinstance(gen.text, str) else "",
+                    "finish_reason": gen.finish_reason,
+                }
+                self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
+            self.out.flush()
+        return gens

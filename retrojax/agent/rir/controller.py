@@ -7,14 +7,19 @@ of the agent's move, or a rewind to ``C_r``), reported back through :meth:`on_st
 Order of one decision (Alg. 1): the agent replies ``a_t`` from ``C_t``; if ``a_t`` is the rollback tool or
 the horizon is reached (replies since the last review ≥ L), the reviewer runs BEFORE ``a_t`` is executed.
 Continue → L adapts (Eq. 5), ΔE is merged, ``a_t`` is executed (a rollback request executes nothing).
-Rollback (with ``N_rb < B_rb``) → coarse range [l, u] → fine restore point r → patch (ΔH, F_new) →
-memory update → rewind to ``C_r`` (``a_t`` dropped), L = L_0. With B_rb spent a Rollback verdict acts as
-Continue. An irreversible failure reported by the world is reviewed at once (trigger ``failure``); if it is
+Rollback (with ``N_rb < B_rb`` and at least ``min_calls_for_restore`` agent calls left) → coarse range
+[l, u] → fine restore point r → patch (ΔH, F_new) → memory update → rewind to ``C_r`` (``a_t`` dropped),
+L = L_0. With B_rb spent, or too few calls left (counted in ``restores_refused``), a Rollback verdict acts
+as Continue. An irreversible failure reported by the world is reviewed at once (trigger ``failure``); if it is
 not rolled back the trial ends.
 
 Fallbacks (parsers never raise): unknown verdict → continue; bad urgency → the default; bad range → the
 whole path [0, t]; bad/inadmissible restore point → the latest admissible (non-failed) checkpoint in [l, u]
 (when [l, u] holds none, l widens to 0); bad patch → no milestones and F = the reviewer's diagnosis.
+
+What a model is shown comes only from what the agent could observe: observations, the world's one-line
+replies, σ (built from those) and ξ_t (:mod:`.signals`). The world's hidden figures (``StepInfo.progress``,
+``branch_value``) are kept per checkpoint for the scripted oracle's view and never rendered.
 
 After a restore the agent's context is exactly: the system prompt with the CURRENT memory block, then the
 turns made at ``C_0 … C_{r-1}`` (those that built ``C_r``), then the new user turn at ``C_r``. Auxiliary calls
@@ -54,7 +59,7 @@ class Node:
     index: int
     state_key: str
     progress: float
-    value: float  # the world's branch_value over (C_0, C_i): higher is better, a value of the state
+    value: float  # the world's hidden branch_value over (C_0, C_i): the scripted oracle's view only
     solved: bool
     failed: bool
     observation: str
@@ -62,6 +67,8 @@ class Node:
     message: str  # the world's one-line outcome of that action
     sigma: dict[str, Any]
     score: float
+    seen: str = ""  # key of the visible observation (ξ_t compares these)
+    shown: float | None = None  # the score the world shows here (None: it shows none)
 
 
 @dataclasses.dataclass
@@ -137,7 +144,13 @@ class RIRRecord:
     restores: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # t, l, u, r, trigger, …
     restore_ok: list[bool] = dataclasses.field(default_factory=list)  # world state == C_r's recorded state
     memory_changes: int = 0
+    restores_refused: int = 0  # Rollback verdicts not acted on: fewer than min_calls_for_restore calls left
+    marked_to_verify: int = 0  # memory entries marked to re-verify by rollbacks
+    patterns_promoted: int = 0  # recurring failure patterns promoted into E
     parse_problems: int = 0
+    parse_problems_by_role: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {r: 0 for r in AUX_ROLES}
+    )
     prompt_tokens: int = 0  # sums over every call (agent and auxiliary) of a served model's reported usage
     completion_tokens: int = 0
     api_failures: int = 0  # calls whose served request failed (each is an invalid turn or a parse fallback)
@@ -172,6 +185,7 @@ class RIRTrial:
         self.phase = "new"
         self.horizon = self.sched.l_0
         self.since_review = 0
+        self.review_from = 0  # the checkpoint of the last review (after a restore: C_r)
         self.invalid_since_review = 0
         self.note = ""
         self.pending: Request | None = None
@@ -207,12 +221,40 @@ class RIRTrial:
         return 0 <= i <= self.t and not self.path[i].failed
 
     def current_signals(self) -> signals.Signals:
+        """ξ_t from what the agent saw (visible observations, actions, shown scores, its invalid replies)."""
         return signals.compute(
-            [n.state_key for n in self.path],
+            [n.seen for n in self.path],
             [n.action for n in self.path[1:]],
-            [n.value for n in self.path],
+            [n.shown for n in self.path],
             self.path[-1].failed,
             self.invalid_since_review,
+        )
+
+    def _node(
+        self,
+        index: int,
+        info: StepInfo,
+        value: float,
+        observation: str,
+        action: str,
+        message: str,
+        sigma: dict[str, Any],
+        score: float,
+    ) -> Node:
+        return Node(
+            index,
+            info.state_key,
+            info.progress,
+            value,
+            info.solved,
+            info.failed,
+            observation,
+            action,
+            message,
+            sigma,
+            score,
+            text_key(observation),
+            summaries.visible_score(self.world, sigma),
         )
 
     # -- start ---------------------------------------------------------------------------------------
@@ -220,19 +262,17 @@ class RIRTrial:
         if self.phase != "new":
             raise RuntimeError("trial already started")
         value = float(self.env.branch_value([info.progress], info.solved, info.failed))
+        score = float(info.score) if info.score is not None else 0.0
         self.path.append(
-            Node(
+            self._node(
                 0,
-                info.state_key,
-                info.progress,
+                info,
                 value,
-                info.solved,
-                info.failed,
                 observation,
                 "",
                 "start",
                 summaries.start(self.world, observation, info),
-                float(info.score) if info.score is not None else 0.0,
+                score,
             )
         )
         self.states_seen.add(info.state_key)
@@ -359,43 +399,105 @@ class RIRTrial:
         _, messages, _ = self._agent_context()
         return "\n".join(m["content"] for m in messages)
 
+    def _count(self, system: str, user: str) -> int:
+        """Tokens of an auxiliary prompt: exact with the run's tokenizer, else ⌈UTF-8 bytes / 3⌉ (a served
+        model's tokenizer is not known here; English BPE averages about 4 bytes a token)."""
+        if self.tok is not None:
+            return (
+                len(self.tok.encode_turn("system", system))
+                + len(self.tok.encode_turn("user", user))
+                + len(self.tok.generation_prompt())
+            )
+        return -(-len((system + user).encode("utf-8", "surrogatepass")) // 3)
+
+    def _steps(self, first: int = 0) -> list[P.Step]:
+        """The executed steps taken at ``C_first`` and later, as the auxiliary prompts show them."""
+        return [
+            P.Step(n.index - 1, n.action, n.message, n.observation, summaries.render(self.world, n.sigma))
+            for n in self.path[1:]
+            if n.index - 1 >= first
+        ]
+
+    def _fit(self, system: str, build: Any, detailed: int, total: int) -> str:
+        return P.fit(
+            build,
+            lambda user: self._count(system, user),
+            self.cfg.prompt_budget,
+            detailed,
+            total,
+            self.cfg.observation_chars,
+        )
+
     def _aux_prompt(self, kind: str) -> tuple[str, str]:
-        rec, mem = self.rec or {}, self.memory.render()
-        steps = [(n.index - 1, n.action, n.message) for n in self.path[1:]]
-        hist = P.history_lines(steps, self.cfg.history_steps)
-        if kind == REVIEW:
-            return P.REVIEW_SYSTEM, P.review_user(
-                goal=self.goal,
-                history=hist,
-                memory=mem,
-                signals=self.current_signals().render(),
-                checkpoint=self.t,
-                trigger=rec.get("trigger", ""),
-                pending=(self.proposal or {}).get("shown", ""),
-            )
-        if kind == COARSE:
-            return P.COARSE_SYSTEM, P.coarse_user(
-                goal=self.goal,
-                history=hist,
-                memory=mem,
-                diagnosis=rec.get("diagnosis", ""),
-                checkpoint=self.t,
-            )
+        rec, mem, t = self.rec or {}, self.memory.render(), self.t
+        chars = self.cfg.observation_chars
         if kind == FINE:
             cands = [(i, summaries.render(self.world, self.path[i].sigma)) for i in rec.get("candidates", ())]
             return P.FINE_SYSTEM, P.fine_user(
                 goal=self.goal, diagnosis=rec.get("diagnosis", ""), memory=mem, candidates=cands
             )
-        r = rec.get("r", self.t)
-        abandoned = P.history_lines([s for s in steps if s[0] >= r], 0)
-        return P.PATCH_SYSTEM, P.patch_user(
-            goal=self.goal,
-            diagnosis=rec.get("diagnosis", ""),
-            restore=r,
-            checkpoint=self.t,
-            abandoned=abandoned,
-            memory=mem,
-        )
+        if kind == PATCH:
+            reflect = self.variant.restore == NO_RESTORE
+            first = rec.get("window", self.review_from) if reflect else rec.get("r", t)
+            steps = self._steps(first)
+            head = f"C_{first}: {summaries.render(self.world, self.path[first].sigma)}"
+            system = P.REFLECT_SYSTEM if reflect else P.PATCH_SYSTEM
+
+            def build_patch(shape: P.Shape) -> str:
+                body = P.trajectory(head, steps, first, observation_chars=chars, shape=shape, current=False)
+                if reflect:
+                    return P.reflect_user(
+                        goal=self.goal,
+                        diagnosis=rec.get("diagnosis", ""),
+                        since=first,
+                        checkpoint=t,
+                        reviewed=body,
+                        memory=mem,
+                    )
+                return P.patch_user(
+                    goal=self.goal,
+                    diagnosis=rec.get("diagnosis", ""),
+                    restore=first,
+                    checkpoint=t,
+                    abandoned=body,
+                    memory=mem,
+                )
+
+            return system, self._fit(system, build_patch, len(steps), len(steps))
+        since = rec.get("window", self.review_from)
+        steps = self._steps()
+        detailed = sum(1 for x in steps if x.before >= since)
+        head = f"C_0 (start): {summaries.render(self.world, self.path[0].sigma)}"
+        now = self.path[-1].observation
+        if kind == REVIEW:
+            sig = self.current_signals().render()
+
+            def build_review(shape: P.Shape) -> str:
+                return P.review_user(
+                    goal=self.goal,
+                    trajectory=P.trajectory(head, steps, since, observation_chars=chars, shape=shape),
+                    observation=P.current_observation(now, shape.clip),
+                    memory=mem,
+                    signals=sig,
+                    checkpoint=t,
+                    since=since,
+                    trigger=rec.get("trigger", ""),
+                    pending=(self.proposal or {}).get("shown", ""),
+                )
+
+            return P.REVIEW_SYSTEM, self._fit(P.REVIEW_SYSTEM, build_review, detailed, len(steps))
+
+        def build_coarse(shape: P.Shape) -> str:
+            return P.coarse_user(
+                goal=self.goal,
+                trajectory=P.trajectory(head, steps, since, observation_chars=chars, shape=shape),
+                observation=P.current_observation(now, shape.clip),
+                memory=mem,
+                diagnosis=rec.get("diagnosis", ""),
+                checkpoint=t,
+            )
+
+        return P.COARSE_SYSTEM, self._fit(P.COARSE_SYSTEM, build_coarse, detailed, len(steps))
 
     # -- replies -------------------------------------------------------------------------------------
     def on_output(self, gen: Generation) -> EnvOp | None:
@@ -535,20 +637,9 @@ class RIRTrial:
         # V(C_0 → C_i) from the two ends only: a value per state (text worlds' branch value is a running max)
         value = float(self.env.branch_value([self.path[0].progress, info.progress], info.solved, info.failed))
         score = float(info.score) if info.score is not None else prev.score + float(info.reward)
+        sigma = summaries.update(self.world, prev.sigma, observation, info)
         self.path.append(
-            Node(
-                self.t + 1,
-                info.state_key,
-                info.progress,
-                value,
-                info.solved,
-                info.failed,
-                observation,
-                prop["action"].text,
-                info.message,
-                summaries.update(self.world, prev.sigma, observation, info),
-                score,
-            )
+            self._node(self.t + 1, info, value, observation, prop["action"].text, info.message, sigma, score)
         )
         self.states_seen.add(info.state_key)
         call.reward, call.solved, call.failed = float(info.reward), bool(info.solved), bool(info.failed)
@@ -573,7 +664,7 @@ class RIRTrial:
 
     # -- review and recovery -------------------------------------------------------------------------
     def _start_review(self, trigger: str) -> None:
-        self.rec = {"trigger": trigger}
+        self.rec = {"trigger": trigger, "window": self.review_from}
         self.phase = REVIEW
 
     def _on_review(self, call: CallRecord, text: str) -> EnvOp | None:
@@ -585,6 +676,7 @@ class RIRTrial:
         r.reviews += 1
         r.reviews_by_trigger[rec["trigger"]] += 1
         self.since_review = 0
+        self.review_from = self.t
         self.invalid_since_review = 0
         if self.variant.memory:
             r.memory_changes += self.memory.merge(review.knowledge, self.t) > 0
@@ -592,6 +684,10 @@ class RIRTrial:
         rec.update(diagnosis=review.diagnosis, rho=rho, verdict=review.verdict)
         call.action = f"{review.verdict} (urgency {rho:.2f})"
         if review.verdict == replies.ROLLBACK and r.recoveries < self.cfg.rollback_budget:
+            if self.calls_left < self.cfg.min_calls_for_restore:  # the resumed branch could not act
+                r.restores_refused += 1
+                call.action += f"; refused: {self.calls_left} agent calls left"
+                return self._continue(rho)
             return self._localize()
         return self._continue(rho)
 
@@ -670,8 +766,10 @@ class RIRTrial:
         m = self.memory
         before = m.version
         m.add_history(patch.milestones)
-        m.replace_failure(patch.failure or rec.get("diagnosis", "") or "the branch was abandoned")
-        m.abandon_after(rec["r"])
+        failure = patch.failure or rec.get("diagnosis", "") or "the branch was abandoned"
+        m.replace_failure(failure)
+        self.record.marked_to_verify += m.abandon_after(rec["r"])  # nothing is abandoned when r = t
+        self.record.patterns_promoted += m.note_pattern(patch.pattern or failure, rec["r"])
         self.record.memory_changes += m.version != before
         return self._restore()
 
@@ -708,6 +806,7 @@ class RIRTrial:
         r = rec["r"]
         del self.path[r + 1 :]
         self.turns = [tr for tr in self.turns if tr.checkpoint < r]
+        self.review_from = min(self.review_from, r)
         if state_key is not None:
             self.record.restore_ok.append(state_key == self.path[r].state_key)
         elif observation is not None:
@@ -735,6 +834,8 @@ class RIRTrial:
         if problems:
             call.valid, call.invalid_reason = False, "; ".join(problems)
             self.record.parse_problems += 1
+            if call.role in self.record.parse_problems_by_role:
+                self.record.parse_problems_by_role[call.role] += 1
 
     # -- the end -------------------------------------------------------------------------------------
     def _end(self, reason: str) -> None:

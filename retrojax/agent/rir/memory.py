@@ -3,9 +3,16 @@
 - G: the task objective, set once and never changed.
 - E: reusable environment knowledge in three channels (observed facts, evidence-supported eliminations,
   affordances), merged without duplicates (case and spacing do not make a new entry). Every entry keeps its
-  provenance (the checkpoint it was established at); when a rollback abandons ``C_{r+1} … C_t``, observed
-  facts established only there are *marked to be re-verified* (kept, but rendered as unverified). Seeing the
-  same fact again on the live branch clears the mark.
+  provenance (the checkpoint of the review that established it); when a rollback abandons
+  ``C_{r+1} … C_t``, entries of EVERY channel established only there are *marked to be re-verified*, tagged
+  with the checkpoint where they were seen (kept, but rendered as unverified: the paper asks this of
+  observations whose truth may depend on an undone action; we apply it to all three channels, since an
+  elimination or affordance read off an abandoned branch rests on the same undone steps). Seeing the same
+  fact again on the live branch clears the mark.
+- Failure patterns (§4.4: "failure patterns that become supported across attempts are promoted to the
+  Environment Model"): every recovery names one (the patcher's ``<pattern>``, else its failure analysis);
+  one that recurs in ``PROMOTE_AFTER`` abandoned attempts (compared without case, spacing and numbers) is
+  added to E.elim as a verified entry.
 - H: milestones of past attempts (historical facts, not claims about the current state), appended without
   duplicates when an attempt is abandoned.
 - F: the failure analysis of the most recently abandoned attempt, **replaced** at every recovery.
@@ -23,9 +30,11 @@ CHANNELS = ("obs", "elim", "aff")
 BLOCK_START = "<<reflection memory>>"
 BLOCK_END = "<<end of reflection memory>>"
 REVERIFY = "[re-verify"
+PROMOTE_AFTER = 2  # abandoned attempts that must share a failure pattern before it enters E (ours)
 MAX_ENTRY_CHARS = 240
 _SPACE = re.compile(r"\s+")
 _BLOCK_MARK = re.compile(r"<<\s*(?:end of\s+)?reflection memory\s*>>", re.IGNORECASE)
+_NUMBER = re.compile(r"\d+")
 
 
 def clean_entry(text: object, max_chars: int = MAX_ENTRY_CHARS) -> str:
@@ -38,6 +47,12 @@ def clean_entry(text: object, max_chars: int = MAX_ENTRY_CHARS) -> str:
 
 def _norm(text: str) -> str:
     return text.casefold()
+
+
+def pattern_key(text: str) -> str:
+    """A failure pattern compared without case, spacing, punctuation at the ends and numbers (checkpoint
+    indices and counts differ between attempts that fail the same way)."""
+    return _SPACE.sub(" ", _NUMBER.sub("#", text.casefold())).strip(" .;:,")
 
 
 @dataclasses.dataclass
@@ -68,6 +83,8 @@ class Memory:
     history: list[str] = dataclasses.field(default_factory=list)
     failure: str = ""
     version: int = 0  # bumped on every change (the agent's prompt is rebuilt only then)
+    patterns: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # pattern → restore points
+    promoted: int = 0  # failure patterns promoted into E
 
     def __post_init__(self) -> None:
         self.goal = clean_entry(self.goal, 1000) or "complete the task"
@@ -118,15 +135,36 @@ class Memory:
             self.version += 1
 
     def abandon_after(self, r: int) -> int:
-        """Observed facts established after ``C_r`` (on the abandoned suffix) are marked to be re-verified."""
+        """Entries of every channel established after ``C_r`` (on the abandoned suffix) are marked to be
+        re-verified; they keep the checkpoint where they were seen."""
         marked = 0
-        for e in self.obs:
-            if e.checkpoint > r and not e.reverify:
-                e.reverify = True
-                marked += 1
+        for name in CHANNELS:
+            for e in getattr(self, name):
+                if e.checkpoint > r and not e.reverify:
+                    e.reverify = True
+                    marked += 1
         if marked:
             self.version += 1
         return marked
+
+    def note_pattern(self, pattern: str, restore: int) -> bool:
+        """Record the failure pattern of one abandoned attempt; the ``PROMOTE_AFTER``-th attempt with the same
+        pattern promotes it into E.elim (verified: it is supported across attempts). True when promoted."""
+        text = clean_entry(pattern)
+        key = pattern_key(text)
+        if not key:
+            return False
+        seen = self.patterns.setdefault(key, [])
+        seen.append(int(restore))
+        if len(seen) != PROMOTE_AFTER:
+            return False
+        entry = f"recurring failure in {len(seen)} abandoned attempts: {text}"
+        if _norm(entry) in {_norm(e.text) for e in self.elim}:
+            return False
+        self.elim.append(Entry(clean_entry(entry), -1))
+        self.promoted += 1
+        self.version += 1
+        return True
 
     # -- reading ---------------------------------------------------------------------------------------
     def texts(self, channel: str) -> list[str]:
@@ -146,7 +184,7 @@ class Memory:
             entries = getattr(self, name)
             lines.append(f"  {titles[name]}:" + ("" if entries else " (none)"))
             for e in entries:
-                mark = f"{REVERIFY}: seen only on an abandoned branch] " if e.reverify else ""
+                mark = f"{REVERIFY}: seen at C_{e.checkpoint} on an abandoned branch] " if e.reverify else ""
                 lines.append(f"  - {mark}{e.text}")
         lines.append("Earlier attempts (history, not the present):" + ("" if self.history else " (none)"))
         lines += [f"  - {h}" for h in self.history]

@@ -4,9 +4,10 @@ and the wrapper that gives a Flax model's auxiliary calls their own sampler rows
 - :class:`RIROraclePolicy` — agent: the world's expert action with probability ``1 − ε``, a random one
   otherwise, never an action its memory eliminated at the current state (``E.elim`` entries written as
   ``avoid '<action>' at state <key>``); it calls ``rollback`` when its own random move lost progress.
-  Reviewer: Rollback on an irreversible failure, or when the exact values show an earlier, better checkpoint
-  (lost progress) together with a state cycle closing at the current state, stalled progress (``stall``
-  steps without a new best value) or an agent request; Continue otherwise (a rollback with nothing better to
+  Reviewer (reads the exact hidden values in its view, never the prompt: it is an oracle): Rollback on an
+  irreversible failure, or when the exact values show an earlier, better checkpoint (lost progress) together
+  with a state cycle closing at the current state, stalled progress (``stall`` steps without a new best
+  value) or an agent request; Continue otherwise (a rollback with nothing better to
   return to would only be k = 0) with urgency = stalled steps / ``stall``. ``noise`` flips each verdict
   with that probability. Selectors use the world's exact values (Eq. 8: the latest best-valued
   admissible checkpoint). Patcher: milestones and the failure analysis of the abandoned suffix.
@@ -44,6 +45,15 @@ def eliminated(view: RIRView) -> dict[str, set[str]]:
         for action, key in _AVOID.findall(text):
             out.setdefault(key, set()).add(action)
     return out
+
+
+def stalled_steps(view: RIRView) -> int:
+    """Steps since the exact (hidden) branch value last reached a new best: the oracle's own stall count."""
+    last_best, best = 0, float("-inf")
+    for i, v in enumerate(view.values):
+        if v > best:
+            best, last_best = v, i
+    return len(view.values) - 1 - last_best if view.values else 0
 
 
 def best_restore(view: RIRView, candidates: Sequence[int] | None = None) -> int:
@@ -94,10 +104,11 @@ class RIROraclePolicy(_Scripted):
             raise ValueError(f"stall must be at least 1, got {stall}")
         self.epsilon, self.noise, self.stall = epsilon, noise, stall
         self.last_random: dict[int, tuple[int, str]] = {}
+        self.patterns: dict[int, str] = {}  # trial → the failure pattern of its latest review
 
     def begin(self, specs, slots, env) -> None:
         super().begin(specs, slots, env)
-        self.last_random = {}
+        self.last_random, self.patterns = {}, {}
         if hasattr(env, "prefetch_expert"):
             env.prefetch_expert = True
 
@@ -131,7 +142,7 @@ class RIROraclePolicy(_Scripted):
                     )
                 )
             else:
-                out.append(Generation(self._patch(v)))
+                out.append(Generation(self._patch(req.trial, v)))
         return out
 
     def _agent(self, trial: int, v: RIRView, expert: str | None) -> str:
@@ -158,20 +169,26 @@ class RIROraclePolicy(_Scripted):
         rng = self.rng(trial, REVIEW)
         s, t = v.signals, v.checkpoint
         lost = v.values[-1] < max(v.values)
-        reasons = []
+        stalled = stalled_steps(v)
+        reasons, patterns = [], []
         if s.failed:
             reasons.append(f"the world reports an irreversible failure at C_{t}")
+            patterns.append("irreversible failure")
         elif lost:  # an earlier checkpoint is better: a cycle, a stall or a request is worth undoing
-            if s.current_revisits:
+            if v.keys[-1] in v.keys[:-1]:
                 reasons.append("the current state was already visited on this path (a cycle)")
-            if s.steps_since_progress >= self.stall:
-                reasons.append(f"no progress for {s.steps_since_progress} steps")
+                patterns.append("state cycle")
+            if stalled >= self.stall:
+                reasons.append(f"no progress for {stalled} steps")
+                patterns.append("stall")
             if v.trigger == "agent":
                 reasons.append("the last moves lost progress")
+                patterns.append("lost progress")
+        self.patterns[trial] = "the branch ended in: " + ", ".join(patterns) if patterns else ""
         verdict = replies.ROLLBACK if reasons else replies.CONTINUE
         if self.noise > 0 and rng.random() < self.noise:
             verdict = replies.CONTINUE if verdict == replies.ROLLBACK else replies.ROLLBACK
-        urgency = min(1.0, s.steps_since_progress / self.stall)
+        urgency = min(1.0, stalled / self.stall)
         elim = []
         if verdict == replies.ROLLBACK:
             r = best_restore(v)
@@ -182,7 +199,7 @@ class RIROraclePolicy(_Scripted):
             verdict, urgency, diagnosis if verdict == replies.ROLLBACK else "", elim=elim
         )
 
-    def _patch(self, v: RIRView) -> str:
+    def _patch(self, trial: int, v: RIRView) -> str:
         r, t = v.restore, v.checkpoint
         best = max(range(t + 1), key=lambda i: (v.values[i], i))
         milestones = [f"an earlier attempt reached: {v.summaries[best]}"] if best > r else []
@@ -190,6 +207,7 @@ class RIROraclePolicy(_Scripted):
         return replies.write_patch(
             milestones,
             f"{v.diagnosis or 'the branch stalled'}; the abandoned actions from C_{r} were: {actions}",
+            self.patterns.get(trial, ""),
         )
 
 
@@ -245,27 +263,73 @@ class RIRRandomPolicy(_Scripted):
 
 
 class RIRModelPolicy:
-    """Agent calls on row ``slot``, auxiliary calls on row ``slot + n`` of the wrapped ``ModelPolicy``."""
+    """Agent calls on row ``slot``, auxiliary calls on row ``slot + n`` of the wrapped ``ModelPolicy``.
+
+    :meth:`sync_stats` counts, per kind of row, the prompt tokens of every call and how many of them had to
+    be encoded (the rest were already in the row's KV cache): the agent rows' figures after an auxiliary
+    call show that the auxiliary prompt left the agent's cache in place."""
 
     needs_text = True
+    _KEYS = (
+        "agent_calls",
+        "agent_prompt_tokens",
+        "agent_encoded_tokens",
+        "agent_after_aux_calls",
+        "agent_after_aux_prompt_tokens",
+        "agent_after_aux_encoded_tokens",
+        "aux_calls",
+        "aux_prompt_tokens",
+        "aux_encoded_tokens",
+    )
 
     def __init__(self, inner: Any):
         self.inner = inner
         self.tokenizer = inner.tokenizer
         self.offset = 0
+        self.counts = dict.fromkeys(self._KEYS, 0)
+        self.last_kind: dict[int, str] = {}
 
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         self.offset = (max(slots) + 1) if len(slots) else 1
+        self.last_kind = {}
         self.inner.begin(specs, list(slots) + [s + self.offset for s in slots], env)
 
     def aux_row(self, slot: int) -> int:
         return slot + self.offset
+
+    def sync_stats(self) -> dict[str, int]:
+        """Cumulative counters (see the class docstring)."""
+        return dict(self.counts)
+
+    def _count(self, requests: Sequence[Request]) -> None:
+        sampler = getattr(self.inner, "sampler", None)
+        if sampler is None:
+            return
+        for r in requests:
+            want = r.prompt_ids
+            if want.size + 1 >= self.inner.max_len:  # answered "context" without touching the row
+                continue
+            cached = sampler.tokens(r.slot)
+            n = min(cached.size, want.size)
+            diff = np.nonzero(cached[:n] != want[:n])[0]
+            encoded = int(want.size - (int(diff[0]) if diff.size else n))
+            kind = "agent" if r.view.kind == EXECUTE else "aux"
+            c = self.counts
+            c[f"{kind}_calls"] += 1
+            c[f"{kind}_prompt_tokens"] += int(want.size)
+            c[f"{kind}_encoded_tokens"] += encoded
+            if kind == "agent" and self.last_kind.get(r.trial) == "aux":
+                c["agent_after_aux_calls"] += 1
+                c["agent_after_aux_prompt_tokens"] += int(want.size)
+                c["agent_after_aux_encoded_tokens"] += encoded
+            self.last_kind[r.trial] = kind
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         mapped = [
             r if r.view.kind == EXECUTE else dataclasses.replace(r, slot=self.aux_row(r.slot))
             for r in requests
         ]
+        self._count(mapped)
         return self.inner.generate(mapped)
 
     def end(self) -> None:

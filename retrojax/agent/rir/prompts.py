@@ -4,12 +4,22 @@ The agent's system prompt is the world's rules, the goal, the budgets, the rollb
 offers it), the reply format and, last, the ONE rendered reflection-memory block (placed last so that a
 memory change leaves the rules prefix of the context untouched). Each auxiliary role (review, coarse,
 fine, patch) gets its own system prompt and one user turn with exactly the inputs of its equation; none of
-them ever enters the agent's context.
+them ever enters the agent's context:
+
+- review (Eq. 4, D_ψ(g, h_t, M, ξ_t)) and coarse (Eq. 6, S_coarse(g, h_t, M, f_t)): the trajectory h_t of the
+  current branch — steps before the last review as ``action → outcome; state: σ``, the steps since the last
+  review with their observations (σ where an observation is long) — the current observation, M, and ξ_t or
+  f_t; within ``rir.prompt_budget`` tokens (:func:`fit` degrades the oldest detail first);
+- fine (Eq. 7): the candidates' σ(C_i) with f_t and M;
+- patch (Eq. 10): the abandoned suffix τ_{r:t} with its observations; under RIR/no-rollback (k = 0) nothing is
+  abandoned, so the patcher gets a prompt of its own (:data:`REFLECT_SYSTEM`) over the steps the reviewer
+  reviewed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from retrojax.agent.prompts import get_prompts
@@ -87,31 +97,122 @@ def agent_user(*, observation: str, checkpoint: int, calls_left: int, note: str)
     )
 
 
-def history_lines(steps: Sequence[tuple[int, str, str]], limit: int) -> str:
-    """``(checkpoint before, action, outcome)`` lines of the path, the last ``limit``."""
-    shown = list(steps)[-limit:] if limit > 0 else list(steps)
-    skipped = len(steps) - len(shown)
-    lines = [f"(… {skipped} earlier steps)"] if skipped > 0 else []
-    lines += [f"C_{i} → C_{i + 1}: {a} → {o}" for i, a, o in shown]
-    return "\n".join(lines) if lines else "(no steps yet)"
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One executed step of the branch as an auxiliary role reads it (only what the agent saw)."""
+
+    before: int  # the checkpoint the action was taken at (it created C_{before+1})
+    action: str
+    outcome: str  # the world's one-line reply
+    observation: str  # the observation at C_{before+1}
+    summary: str  # σ(C_{before+1})
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """How much of a trajectory a prompt shows: observations of the ``compressed`` oldest detailed steps are
+    replaced by σ, the ``dropped`` oldest steps are left out, the current observation is cut to ``clip``."""
+
+    compressed: int = 0
+    dropped: int = 0
+    clip: int | None = None
+
+
+def _observation(text: str, summary: str, limit: int, compressed: bool) -> str:
+    flat = text.strip()
+    if compressed or len(flat) > limit:
+        return f"(summary) {summary}"
+    return flat.replace("\n", "\n    ")
+
+
+def trajectory(
+    start: str,
+    steps: Sequence[Step],
+    detailed_from: int,
+    *,
+    observation_chars: int,
+    shape: Shape | None = None,
+    current: bool = True,
+) -> str:
+    """The branch as lines after the line ``start`` (σ of the first checkpoint shown): steps taken at
+    checkpoints ``< detailed_from`` as ``action → outcome; state: σ``; later steps (since the last review)
+    with their observation (σ where the raw observation is longer than ``observation_chars``). With
+    ``current`` the last step's observation is the prompt's "current observation" and is not repeated."""
+    shape = shape or Shape()
+    shown = list(steps)[shape.dropped :]
+    lines = (
+        [f"(… {min(shape.dropped, len(steps))} earlier steps left out to fit the prompt)"]
+        if shape.dropped
+        else [start]
+    )
+    detailed = [x for x in shown if x.before >= detailed_from]
+    squeeze = {id(x) for x in detailed[: shape.compressed]}
+    last = steps[-1] if steps and current else None
+    for x in shown:
+        outcome = x.outcome.strip()
+        if x.before >= detailed_from and outcome and outcome.rstrip("…").strip() in x.observation:
+            outcome = ""  # a text world's reply is the observation itself
+        head = f"C_{x.before} → C_{x.before + 1}: {x.action}" + (f" → {outcome}" if outcome else "")
+        if x.before < detailed_from:
+            lines.append(f"{head}; state: {x.summary}")
+        elif x is last:
+            lines.append(f"{head}\n    observation: (the current observation, below)")
+        else:
+            obs = _observation(x.observation, x.summary, observation_chars, id(x) in squeeze)
+            lines.append(f"{head}\n    observation: {obs}")
+    return "\n".join(lines)
+
+
+def current_observation(text: str, clip: int | None) -> str:
+    flat = text.strip() or "(empty)"
+    if clip is not None and len(flat) > clip:
+        return flat[: max(0, clip - 1)] + "…"
+    return flat
+
+
+def fit(
+    build: Callable[[Shape], str],
+    count: Callable[[str], int],
+    budget: int,
+    detailed: int,
+    total: int,
+    clip: int,
+) -> str:
+    """The first prompt ``build(shape)`` within ``budget`` tokens, degrading in this order: compress the
+    detailed steps' observations oldest first, then leave out the oldest steps, then cut the current
+    observation to ``clip`` characters. If nothing fits, the most degraded prompt is returned."""
+    text = build(Shape())
+    if count(text) <= budget:
+        return text
+    for c in range(1, detailed + 1):
+        text = build(Shape(compressed=c))
+        if count(text) <= budget:
+            return text
+    for d in range(1, total + 1):
+        text = build(Shape(compressed=detailed, dropped=d))
+        if count(text) <= budget:
+            return text
+    return build(Shape(compressed=detailed, dropped=total, clip=clip))
 
 
 REVIEW_SYSTEM = (
-    "You review an agent's progress on a task. Decide whether its current branch is still productive "
-    "(continue) or has gone wrong in a way worth undoing (rollback). Also say how urgently the branch needs "
-    "another look (urgency 0 = healthy, review late; 1 = risky, review soon) and record new, reusable facts "
-    "about the environment. Never state facts about the agent's current position or inventory as "
-    "knowledge.\n\nReply exactly in this form:\n<verdict>continue or rollback</verdict>\n"
-    "<urgency>a number from 0 to 1</urgency>\n<diagnosis>if rolling back: what failed and why</diagnosis>\n"
+    "You review an agent's progress on a task. You see its trajectory on the current branch (older steps as "
+    "state summaries, the steps since the last review with what the agent observed), its current "
+    "observation, the reflection memory and execution signals counted from what the agent saw. Decide "
+    "whether the branch is still productive (continue) or has gone wrong in a way worth undoing (rollback). "
+    "Also say how urgently the branch needs another look (urgency 0 = healthy, review late; 1 = risky, "
+    "review soon) and record new, reusable facts about the environment. Never state facts about the agent's "
+    "current position or inventory as knowledge.\n\nReply exactly in this form:\n"
+    "<verdict>continue or rollback</verdict>\n<urgency>a number from 0 to 1</urgency>\n"
+    "<diagnosis>if rolling back: what failed and why</diagnosis>\n"
     "<knowledge>\nobs: a fact you observed\nelim: an option the evidence rules out\n"
-    "aff: what an action does\n"
-    "</knowledge>\n(any number of obs/elim/aff lines, or none)"
+    "aff: what an action does\n</knowledge>\n(any number of obs/elim/aff lines, or none)"
 )
 
 COARSE_SYSTEM = (
-    "An agent's branch failed. Given the diagnosis and the path, name the stretch of checkpoints that most "
-    "likely holds the decisive mistake or the unmet precondition. Reply exactly: <range>C_l - C_u</range> "
-    "with l ≤ u, both on the path."
+    "An agent's branch failed. Given the diagnosis, the trajectory and the current observation, name the "
+    "stretch of checkpoints that most likely holds the decisive mistake or the unmet precondition. Reply "
+    "exactly: <range>C_l - C_u</range> with l ≤ u, both on the path."
 )
 
 FINE_SYSTEM = (
@@ -121,33 +222,58 @@ FINE_SYSTEM = (
     "<why>one sentence</why>"
 )
 
+_PATCH_FORMAT = (
+    "Reply exactly:\n<milestones>\n- milestone\n</milestones>\n<failure>the analysis</failure>\n"
+    "<pattern>optional: the failure as a short rule that would hold in another attempt</pattern>"
+)
+
 PATCH_SYSTEM = (
     "The agent is about to be returned to an earlier checkpoint; the steps after it will be undone. From the "
     "abandoned steps, list milestones reached (as history: they will NOT hold after the restore) and write "
-    "why this attempt failed under its conditions. Reply exactly:\n<milestones>\n- milestone\n</milestones>\n"
-    "<failure>the analysis</failure>"
+    "why this attempt failed under its conditions. " + _PATCH_FORMAT
 )
+
+REFLECT_SYSTEM = (
+    "A reviewer judged that the agent's recent steps went wrong. Nothing will be undone: the agent continues "
+    "from its current state, and its proposed next action is dropped. From the reviewed steps, list "
+    "milestones the branch reached (kept as history of attempts) and write why these steps failed, so that "
+    "the agent does better from here. " + _PATCH_FORMAT
+)
+
+_WHY = {
+    "agent": "the agent asked for a review with the rollback tool",
+    "schedule": "the review horizon was reached",
+    "failure": "the world reports an irreversible failure",
+}
 
 
 def review_user(
-    *, goal: str, history: str, memory: str, signals: str, checkpoint: int, trigger: str, pending: str
+    *,
+    goal: str,
+    trajectory: str,
+    observation: str,
+    memory: str,
+    signals: str,
+    checkpoint: int,
+    since: int,
+    trigger: str,
+    pending: str,
 ) -> str:
-    why = {
-        "agent": "the agent asked for a review with the rollback tool",
-        "schedule": "the review horizon was reached",
-        "failure": "the world reports an irreversible failure",
-    }.get(trigger, trigger)
     return (
-        f"Goal: {goal}\n\nWhy this review: {why}.\n\nPath so far (current checkpoint C_{checkpoint}):\n"
-        f"{history}\n\nNext action the agent proposed: {pending or '(none)'}\n\n"
+        f"Goal: {goal}\n\nWhy this review: {_WHY.get(trigger, trigger)}.\n\n"
+        f"Trajectory on the current branch (C_0 … C_{checkpoint}; observations since the last review at "
+        f"C_{since}):\n{trajectory}\n\nCurrent observation (C_{checkpoint}):\n{observation}\n\n"
+        f"Next action the agent proposed: {pending or '(none)'}\n\n"
         f"Execution signals: {signals}\n\n{memory}"
     )
 
 
-def coarse_user(*, goal: str, history: str, memory: str, diagnosis: str, checkpoint: int) -> str:
+def coarse_user(
+    *, goal: str, trajectory: str, observation: str, memory: str, diagnosis: str, checkpoint: int
+) -> str:
     return (
-        f"Goal: {goal}\n\nDiagnosis: {diagnosis or '(none given)'}\n\nPath (checkpoints C_0 … "
-        f"C_{checkpoint}):\n{history}\n\n{memory}"
+        f"Goal: {goal}\n\nDiagnosis: {diagnosis or '(none given)'}\n\nTrajectory (checkpoints C_0 … "
+        f"C_{checkpoint}):\n{trajectory}\n\nCurrent observation (C_{checkpoint}):\n{observation}\n\n{memory}"
     )
 
 
@@ -162,4 +288,14 @@ def patch_user(
     return (
         f"Goal: {goal}\n\nDiagnosis: {diagnosis or '(none given)'}\n\nRestore point: C_{restore}. "
         f"Abandoned steps (C_{restore} … C_{checkpoint}):\n{abandoned}\n\n{memory}"
+    )
+
+
+def reflect_user(
+    *, goal: str, diagnosis: str, since: int, checkpoint: int, reviewed: str, memory: str
+) -> str:
+    return (
+        f"Goal: {goal}\n\nDiagnosis: {diagnosis or '(none given)'}\n\n"
+        f"Reviewed steps (C_{since} … C_{checkpoint}; the agent stays at C_{checkpoint}):\n{reviewed}\n\n"
+        f"{memory}"
     )

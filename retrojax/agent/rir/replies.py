@@ -18,8 +18,9 @@ documented fallback. Only the *last* occurrence of a tag counts.
   fallback: the whole path ``[0, t]``.
 - fine (Eqs. 7-8): ``<restore>C_r</restore>``, ``<confidence>0..1</confidence>``, ``<why>…</why>`` with
   ``r`` an admissible candidate; fallback: the latest admissible checkpoint in ``[l, u]``.
-- patch (Eq. 10): ``<milestones>`` lines ``- …`` ``</milestones>`` and ``<failure>…</failure>``; fallback:
-  no milestones, F = the reviewer's diagnosis.
+- patch (Eq. 10): ``<milestones>`` lines ``- …`` ``</milestones>``, ``<failure>…</failure>`` and an
+  optional ``<pattern>`` (the failure as a reusable rule, §4.4's promotion to E); fallback: no milestones,
+  F = the reviewer's diagnosis; no pattern: the failure analysis stands for it.
 - the agent's rollback tool: the action ``rollback`` (optionally ``rollback: reason``) in the world's
   action format.
 """
@@ -170,6 +171,7 @@ class Patch:
     milestones: tuple[str, ...]
     failure: str
     problems: tuple[str, ...] = ()
+    pattern: str = ""  # optional: the failure as a reusable rule ("" when absent)
 
 
 def parse_patch(text: object) -> Patch:
@@ -187,7 +189,7 @@ def parse_patch(text: object) -> Patch:
     if not failure:
         problems.append("no <failure> analysis; the reviewer's diagnosis is used")
         failure = ""
-    return Patch(tuple(milestones), failure, tuple(problems))
+    return Patch(tuple(milestones), failure, tuple(problems), last_tag(text, "pattern") or "")
 
 
 # -- writers (scripted players reply through these, so their text goes through the same parsers) -----
@@ -216,6 +218,7 @@ def write_restore(r: int, confidence: float, why: str) -> str:
     return f"<restore>C_{r}</restore>\n<confidence>{confidence:.2f}</confidence>\n<why>{why}</why>"
 
 
-def write_patch(milestones: Sequence[str], failure: str) -> str:
+def write_patch(milestones: Sequence[str], failure: str, pattern: str = "") -> str:
     items = "\n".join(f"- {m}" for m in milestones) or "none"
-    return f"<milestones>\n{items}\n</milestones>\n<failure>{failure}</failure>"
+    tail = f"\n<pattern>{pattern}</pattern>" if pattern else ""
+    return f"<milestones>\n{items}\n</milestones>\n<failure>{failure}</failure>{tail}"

@@ -5,7 +5,8 @@ world shows (the rendered observation and the world's one-line reply) plus its t
 hidden solver values, so a model selector sees exactly what the oracle's summary text says:
 
 - Sokoban: boxes on targets and the player's cell; MineSweeper: open cells (and whether a mine was hit);
-- ScienceWorld: room, last inventory seen, score; ALFWorld: location, held object, whether the goal is met.
+- ScienceWorld: room, last inventory seen, the score it prints; ALFWorld: location and held object (its
+  goal-condition score is hidden from the agent and never kept here).
 
 Text worlds need the previous summary (location and inventory persist until a reply changes them), so a
 summary is a small dict updated step by step; :func:`render` gives its text.
@@ -67,9 +68,20 @@ def update(world: str, prev: dict[str, Any], observation: str, info: Any) -> dic
             s["holding"] = pick[-1].strip()
         elif put:
             s["holding"] = "nothing"
-        score = getattr(info, "score", None)
-        s["score"] = float(score) if score is not None else prev.get("score", 0.0)
+        if world == "scienceworld":  # its score is printed in every observation; ALFWorld shows none
+            score = getattr(info, "score", None)
+            s["score"] = float(score) if score is not None else prev.get("score", 0.0)
     return s
+
+
+def visible_score(world: str, s: dict[str, Any]) -> float | None:
+    """The score the world SHOWS the agent at this checkpoint (ξ_t's "visible score"), or None: Sokoban's
+    boxes on targets, MineSweeper's open cells, ScienceWorld's printed score. ALFWorld prints none (its
+    goal-condition fraction is hidden), and neither do worlds this module does not know."""
+    key = {"sokoban": "on_target", "minesweeper": "open", "scienceworld": "score"}.get(world)
+    if key is None or key not in s:
+        return None
+    return float(s[key])
 
 
 def render(world: str, s: dict[str, Any]) -> str:

@@ -7,8 +7,11 @@
 ``RIR/agent-only``   reviews only when the agent calls ``rollback``
 ``RIR/scheduled-only`` reviews only on the schedule (no rollback tool)
 ``RIR/hybrid-fixed`` both triggers, the horizon fixed at ``L_0``
-``RIR/no-rollback``  reflection only: a Rollback verdict updates M (patch on the suffix, k = 0) and drops
-                     the pending action, but the world is never rewound
+``RIR/no-rollback``  reflection only (k = 0): a Rollback verdict updates M — the patcher gets its own prompt
+                     over the steps the reviewer reviewed — and drops the pending action; the world is
+                     never rewound. ``RIR/reflection-only`` is accepted as the same variant: the paper's
+                     Figure 4 names it "No rollback (reflection only)" and Table 3's "Reflection only" row
+                     is the same restriction (state restoration off, review and memory unchanged)
 ``RIR/restart``      every rollback restores ``C_0``
 ``RIR/direct``       one-stage selection: the fine selector over the whole path (no coarse call)
 ``RIR/rollback-only`` restore as RIR, memory frozen (no ΔE merge, no patch call)
@@ -41,6 +44,7 @@ _NAMES = (
     "RIR/rollback-only",
 )
 ALL_VARIANTS = _NAMES
+ALIASES = {"rir/reflection-only": "RIR/no-rollback"}  # the paper's two names for one ablation
 _RANGE = re.compile(r"^RIR/range-(\d{1,3})-(\d{1,3})$", re.IGNORECASE)
 
 
@@ -76,7 +80,7 @@ def parse_variant(name: str) -> Variant:
         if not 1 <= lo <= hi:
             raise ValueError(f"protocol {name!r}: need 1 ≤ L_min ≤ L_max")
         return Variant(f"RIR/range-{lo}-{hi}", l_range=(lo, hi))
-    canon = {n.lower(): n for n in _NAMES}.get(raw.lower())
+    canon = {n.lower(): n for n in _NAMES}.get(raw.lower()) or ALIASES.get(raw.lower())
     if canon is None:
         raise ValueError(
             f"unknown RIR protocol {name!r}; expected one of {', '.join(_NAMES)} or RIR/range-A-B"
