@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "learn":
             p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                            help="override a field of configs/demo.yaml (repeatable)")
+            p.add_argument("--compare", action="store_true",
+                           help="ReTRAIL vs forward-only GRPO vs more SFT from one SFT start (held-out "
+                                "P@1/T@1/T@3 with paired differences)")
 
     # --- play --------------------------------------------------------------------------------
     play = sub.add_parser("play", help="play an environment in the terminal")
@@ -101,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seeds", type=int, default=3)
     ev.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
     ev.add_argument("--json", default=None)
+    ev.add_argument("--transcripts", default=None, metavar="FILE",
+                    help="write one JSON line per model call (agent and auxiliary): protocol, task, seed, "
+                         "trial, call, role, messages, reply")
     ev.set_defaults(func=_handler("retrojax.eval.protocol:main"))
 
     # --- rir ---------------------------------------------------------------------------------
@@ -112,11 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     rir.add_argument("--table", default="all",
                      help="main | when | where | components | range | all (or a comma list)")
     rir.add_argument("--out", default="runs/rir", help="folder for report.md, summary.json and the heat map")
-    rir.add_argument("--policy", default="oracle:0.3", help="random | oracle:EPS | model:DIR")
+    rir.add_argument("--policy", default="oracle:0.3",
+                     help="random | oracle:EPS | model:DIR | api:MODEL (the api: section's endpoint)")
     rir.add_argument("--split", default=None, help="NAME:train|test (default: the config's test split)")
     rir.add_argument("--seeds", type=int, default=3)
     rir.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
     rir.add_argument("--trials-per-task", type=int, default=None, help="replicates per task and seed")
+    rir.add_argument("--transcripts", default=None, metavar="FILE",
+                     help="write one JSON line per model call (agent and auxiliary, every variant)")
     rir.set_defaults(func=_handler("retrojax.eval.rir.report:main"))
 
     # --- train -------------------------------------------------------------------------------

@@ -375,6 +375,6 @@ class TranscriptPolicy:
                     "reply": gen.text if isinstance(gen.text, str) else "",
                     "finish_reason": gen.finish_reason,
                 }
-                self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
+                self.out.write(json.dumps(line) + "\n")  # ASCII escapes: a lone surrogate stays valid
             self.out.flush()
         return gens

@@ -6,6 +6,12 @@ gives per protocol the success rate with a Wilson 95% interval over all trials, 
 per-seed success rates, calls, rewinds, distinct states visited and actions to success, plus
 ``Δpro = T@1 − P@1`` and ``Δref = T@3 − T@1`` when those protocols are present. ``--json PATH`` writes
 the same figures with stable keys ``results.<protocol>.{success, ci95, calls, rewinds, …}``.
+``--transcripts FILE`` writes one JSON line per model call, agent and auxiliary, ReTRAIL and RIR alike
+(:class:`~retrojax.agent.policies.TranscriptPolicy`: protocol, task, seed, trial, call, role, messages,
+reply).
+
+Imports run one way: this module → ``eval.rir.run`` (RIR protocol names) → ``eval.rir.metrics``;
+``eval.rir.report`` (``retrojax rir``) builds on this module, never the reverse.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from typing import Any
 
 from retrojax import config as config_lib
 from retrojax.agent.env_api import make_env
-from retrojax.agent.policies import ModelPolicy, OraclePolicy, Policy, RandomPolicy
+from retrojax.agent.policies import ModelPolicy, OraclePolicy, Policy, RandomPolicy, TranscriptPolicy
 from retrojax.agent.rir.variants import is_rir, parse_variant
 from retrojax.agent.runner import run_trials
 from retrojax.agent.trial import parse_protocol
+from retrojax.eval.rir.run import evaluate_rir, format_eval
 
 
 def make_policy(spec: str, cfg: Any) -> Policy:
@@ -79,8 +86,10 @@ def _split(args: argparse.Namespace, cfg: Any) -> str:
 
 
 def evaluate(cfg: Any, policy: Policy, split: str, protocols: list[str], seeds: int,
-             tasks: int | None = None, trials_per_task: int | None = None) -> dict[str, Any]:
-    """Run the protocols and return the report dict (see the module docstring)."""
+             tasks: int | None = None, trials_per_task: int | None = None,
+             transcripts: Any = None) -> dict[str, Any]:
+    """Run the protocols and return the report dict (see the module docstring). ``transcripts``: an open
+    text file that receives one JSON line per model call."""
     rir = [p for p in protocols if is_rir(p)]  # RIR variants run as their own paired batch
     env = make_env(cfg, split)
     try:
@@ -88,14 +97,14 @@ def evaluate(cfg: Any, policy: Policy, split: str, protocols: list[str], seeds: 
         start = time.perf_counter()
         metrics: dict[str, Any] = {"results": {}}
         if len(rir) < len(protocols):
-            _, metrics = run_trials(cfg, policy, task_ids=range(n), seeds=range(seeds),
+            runs = TranscriptPolicy(policy, transcripts) if transcripts is not None else policy
+            _, metrics = run_trials(cfg, runs, task_ids=range(n), seeds=range(seeds),
                                     trials_per_task=trials_per_task,
                                     protocols=[p for p in protocols if not is_rir(p)], env=env,
                                     record_tokens=False)
         if rir:
-            from retrojax.eval.rir.run import evaluate_rir
-
-            part, _ = evaluate_rir(cfg, policy, split, rir, seeds, n, trials_per_task, env=env)
+            part, _ = evaluate_rir(cfg, policy, split, rir, seeds, n, trials_per_task, env=env,
+                                   transcripts=transcripts)
             metrics["results"].update(part["results"])
             metrics["rir"] = part["rir"]
         elapsed = time.perf_counter() - start
@@ -159,18 +168,34 @@ def benchmark_mean(reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def open_transcripts(path: str | None) -> Any:
+    """``--transcripts FILE``: a context manager giving the open file (truncated), or None without a path."""
+    import contextlib
+
+    if not path:
+        return contextlib.nullcontext(None)
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.open("w", encoding="utf-8")
+
+
+def _transcripts(args: argparse.Namespace) -> Any:
+    return open_transcripts(getattr(args, "transcripts", None))
+
+
 def _main_worlds(args: argparse.Namespace, paths: list[str]) -> int:
     """``retrojax eval --config a.yaml,b.yaml``: each world's report, then the equal-benchmark mean (C.5)."""
     reports: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        cfg = config_lib.load(path, args.overrides)
-        protocols = _protocols(args, cfg)
-        policy = make_policy(args.policy, cfg)
-        tasks = args.tasks if args.tasks is not None else cfg.eval.num_tasks
-        report = evaluate(cfg, policy, _split(args, cfg), protocols, args.seeds, tasks)
-        report["policy"], report["config"] = args.policy, path
-        print(format_report(report, args.policy))
-        reports[report["split"]] = report
+    with _transcripts(args) as out:  # one file for every world
+        for path in paths:
+            cfg = config_lib.load(path, args.overrides)
+            protocols = _protocols(args, cfg)
+            policy = make_policy(args.policy, cfg)
+            tasks = args.tasks if args.tasks is not None else cfg.eval.num_tasks
+            report = evaluate(cfg, policy, _split(args, cfg), protocols, args.seeds, tasks, transcripts=out)
+            report["policy"], report["config"] = args.policy, path
+            print(format_report(report, args.policy))
+            reports[report["split"]] = report
     agg = benchmark_mean(reports)
     print("equal-benchmark mean over " + ", ".join(reports) + " (C.5: each world weighs 1):")
     for name, a in agg.items():
@@ -203,7 +228,8 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--tasks must be at least 1, got {args.tasks}")
         policy = make_policy(args.policy, cfg)
         tasks = args.tasks if args.tasks is not None else cfg.eval.num_tasks
-        report = evaluate(cfg, policy, _split(args, cfg), protocols, args.seeds, tasks)
+        with _transcripts(args) as out:
+            report = evaluate(cfg, policy, _split(args, cfg), protocols, args.seeds, tasks, transcripts=out)
     except (ValueError, KeyError, FileNotFoundError, config_lib.ConfigError) as e:
         print(f"retrojax eval: {e}", file=sys.stderr)
         return 2
@@ -211,8 +237,6 @@ def main(args: argparse.Namespace) -> int:
     report["config"] = args.config
     print(format_report(report, args.policy))
     if "rir" in report:
-        from retrojax.eval.rir.report import format_eval
-
         print(format_eval(report))
     if args.json:
         path = Path(args.json)

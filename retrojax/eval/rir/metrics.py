@@ -50,6 +50,13 @@ def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
         "agent_calls": mean(lambda r: r.agent_calls),
         "invalid_turns": mean(lambda r: r.invalid_turns),
         "parse_problems": mean(lambda r: r.parse_problems),
+        # totals (not means): how often each role's reply failed to parse, out of how many calls
+        "parse_failures_by_role": {k: sum(r.parse_problems_by_role[k] for r in records) for k in AUX_ROLES},
+        "aux_calls_by_role_total": {k: sum(r.aux_by_role[k] for r in records) for k in AUX_ROLES},
+        "restores_refused": mean(lambda r: r.restores_refused),
+        "restores_refused_total": sum(r.restores_refused for r in records),
+        "marked_to_verify": mean(lambda r: r.marked_to_verify),
+        "patterns_promoted": mean(lambda r: r.patterns_promoted),
         "calls": mean(lambda r: r.agent_calls + r.aux_calls),
         "rewinds": mean(lambda r: r.rollbacks),
         "distinct_states": mean(lambda r: r.distinct_states),
@@ -94,6 +101,37 @@ def acceptance(records: Sequence[RIRRecord]) -> dict[str, dict[str, Any]]:
             d = paired(records, a, b, field)
             out[f"{a} - {b} ({field})"] = {**d, "pass": d["lo"] > 0}
     return out
+
+
+COMPARISONS = (("RIR", "RIR/react"), ("RIR", "RIR/no-rollback"), ("RIR", "RIR/restart"))
+
+
+def comparisons(records: Sequence[RIRRecord], fields: Sequence[str] = ("success", "dense_reward")) -> dict:
+    """Paired differences of RIR against its main-table ablations, for the protocols present (no pass/fail:
+    a model run reports what it found)."""
+    present = {r.protocol for r in records}
+    return {
+        f"{a} - {b} ({f})": paired(records, a, b, f)
+        for a, b in COMPARISONS
+        if a in present and b in present
+        for f in fields
+    }
+
+
+def format_cache(c: dict[str, Any]) -> str:
+    """The model rows' prefix reuse (:class:`~retrojax.agent.rir.policies.RIRModelPolicy` counters)."""
+
+    def share(enc: str, tot: str) -> str:
+        return f"{c[enc]}/{c[tot]} tokens encoded" + (
+            f" ({100 * c[enc] / c[tot]:.1f}%)" if c.get(tot) else ""
+        )
+
+    return (
+        f"agent rows: {c['agent_calls']} calls, {share('agent_encoded_tokens', 'agent_prompt_tokens')}; "
+        f"agent calls right after an auxiliary call: {c['agent_after_aux_calls']}, "
+        f"{share('agent_after_aux_encoded_tokens', 'agent_after_aux_prompt_tokens')}; "
+        f"auxiliary rows: {c['aux_calls']} calls, {share('aux_encoded_tokens', 'aux_prompt_tokens')}"
+    )
 
 
 def format_table(results: dict[str, dict[str, Any]], protocols: Sequence[str]) -> str:

@@ -14,7 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from retrojax import config as config_lib
+from retrojax.eval.protocol import evaluate, make_policy, open_transcripts
 from retrojax.eval.rir import metrics
+from retrojax.eval.rir.run import format_eval
+
+__all__ = ["build_report", "format_eval", "main", "protocols_for", "run_world"]
 
 TABLES = ("main", "when", "where", "components", "range")
 MAIN = ("RIR/react", "RIR/no-rollback", "RIR/restart", "RIR")
@@ -98,6 +102,39 @@ def _variant_table(title: str, worlds: dict[str, dict[str, Any]], names: tuple[s
     return out
 
 
+def _model_facts(worlds: dict[str, dict[str, Any]]) -> list[str]:
+    """Paired differences against RIR's ablations, parse failures per auxiliary role, refused restores, the
+    model rows' cache reuse and served-model usage: what a model-in-the-loop run is read for."""
+    out = ["## Paired differences against RIR (95% intervals)", ""]
+    for world, data in worlds.items():
+        for key, d in data.get("comparisons", {}).items():
+            ci = f"[{d['lo']:+.4f}, {d['hi']:+.4f}]"
+            out.append(f"- {world}: {key} = {d['mean']:+.4f} {ci} over {d['n']} pairs")
+    out += ["", "## Auxiliary replies that failed to parse (fallbacks fired), per role", ""]
+    out += ["| world | variant | review | coarse | fine | patch | restores refused |", "|" + "---|" * 7]
+    for world, data in worlds.items():
+        for name, r in data["results"].items():
+            if "parse_failures_by_role" not in r or not r.get("aux_calls"):
+                continue
+            bad, tot = r["parse_failures_by_role"], r["aux_calls_by_role_total"]
+            cells = " | ".join(f"{bad[k]}/{tot[k]}" for k in ("review", "coarse", "fine", "patch"))
+            out.append(f"| {world} | {name} | {cells} | {r['restores_refused_total']} |")
+    out.append("")
+    for world, data in worlds.items():
+        if data.get("agent_cache"):
+            out += [f"- {world}: {metrics.format_cache(data['agent_cache'])}"]
+        api = data.get("api")
+        if api:
+            u = api["usage"]
+            out += [
+                f"- {world}: served model {api['model']}: {u['requests']} requests, "
+                f"{u['prompt_tokens']} prompt + {u['completion_tokens']} completion tokens, "
+                f"{u['retries']} retries, {u['failed']} failed"
+            ]
+    out.append("")
+    return out
+
+
 def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path) -> str:
     lines = [
         "# RIR report",
@@ -174,6 +211,7 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
                     f"{d['n']} pairs — lower bound {'above' if d['pass'] else 'NOT above'} 0"
                 )
         lines.append("")
+    lines += _model_facts(worlds)
     if "when" in tables:
         lines += _variant_table("Table 3a — when to review", worlds, WHEN)
     if "where" in tables:
@@ -262,24 +300,16 @@ def heat_map(grid: dict[str, Any], path: Path, title: str) -> None:
     ax.set_xlabel("L_max")
     ax.set_ylabel("L_min")
     p = PAPER["RIR/range-2-8"]
-    ax.set_title(f"{title}\nred box: the paper's best (2, 8): {100 * p['success']:.2f}% SR,\n"
-                 f"{p['rollbacks']:.2f} rb (their ScienceWorld, DeepSeek-V3 run)", fontsize=8)
+    ax.set_title(
+        f"{title}\nred box: the paper's best (2, 8): {100 * p['success']:.2f}% SR,\n"
+        f"{p['rollbacks']:.2f} rb (their ScienceWorld, DeepSeek-V3 run)",
+        fontsize=8,
+    )
     fig.colorbar(im, ax=ax, label="success rate")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def format_eval(report: dict[str, Any]) -> str:
-    """The RIR columns of ``retrojax eval`` (printed after ReTRAIL's table)."""
-    rir = report["rir"]
-    lines = ["RIR variants (one paired batch):", metrics.format_table(report["results"], rir["protocols"])]
-    for key, d in rir.get("acceptance", {}).items():
-        lines.append(f"paired {key}: {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] (n = {d['n']})")
-    if rir.get("world_errors"):
-        lines.append(f"world errors: {rir['world_errors']}")
-    return "\n".join(lines)
 
 
 def run_world(
@@ -291,9 +321,8 @@ def run_world(
     tasks: int | None,
     split: str | None,
     trials_per_task: int | None,
+    transcripts: Any = None,
 ) -> dict[str, Any]:
-    from retrojax.eval.protocol import evaluate, make_policy
-
     cfg = config_lib.load(cfg_path, overrides)
     base = cfg.env.split
     split = split or (base if ":" in base else f"{base}:test")
@@ -302,7 +331,7 @@ def run_world(
         protocols = [*RETRAIL, *protocols]
     policy = make_policy(policy_spec, cfg)
     n = tasks if tasks is not None else cfg.eval.num_tasks
-    report = evaluate(cfg, policy, split, protocols, seeds, n, trials_per_task)
+    report = evaluate(cfg, policy, split, protocols, seeds, n, trials_per_task, transcripts=transcripts)
     return {
         "world": cfg.env.name,
         "split": split,
@@ -313,6 +342,9 @@ def run_world(
         "seconds": report["seconds"],
         "results": report["results"],
         "acceptance": report.get("rir", {}).get("acceptance", {}),
+        "comparisons": report.get("rir", {}).get("comparisons", {}),
+        "agent_cache": report.get("rir", {}).get("agent_cache"),
+        "api": report.get("api"),
         "world_errors": report.get("rir", {}).get("world_errors", {}),
     }
 
@@ -327,18 +359,20 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     worlds: dict[str, dict[str, Any]] = {}
     try:
-        for cfg_path in [c for item in args.config for c in item.split(",") if c]:
-            data = run_world(
-                cfg_path,
-                args.overrides,
-                args.policy,
-                tables,
-                args.seeds,
-                args.tasks,
-                args.split,
-                args.trials_per_task,
-            )
-            worlds[data["world"]] = data
+        with open_transcripts(getattr(args, "transcripts", None)) as transcripts:
+            for cfg_path in [c for item in args.config for c in item.split(",") if c]:
+                data = run_world(
+                    cfg_path,
+                    args.overrides,
+                    args.policy,
+                    tables,
+                    args.seeds,
+                    args.tasks,
+                    args.split,
+                    args.trials_per_task,
+                    transcripts,
+                )
+                worlds[data["world"]] = data
     except (ValueError, KeyError, FileNotFoundError, config_lib.ConfigError) as e:
         print(f"retrojax rir: {e}", file=sys.stderr)
         return 2
