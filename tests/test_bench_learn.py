@@ -27,4 +27,28 @@ def test_bench_learn_is_a_bench_target(capsys):
         cli.main(["bench", "learn", "--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "--json" in out and "--quick" in out and "--set" in out
+    assert "--json" in out and "--quick" in out and "--set" in out and "--compare" in out
+
+
+def test_mixed_groups_are_reported_for_the_first_and_last_windows():
+    curve = [{"update": i + 1, "success": 0.5, "trials": 32, "wall_s": 60.0 * (i + 1),
+              "diag/mixed_groups": m} for i, m in enumerate([0.25, 0.5, 0.5, 0.75])]
+    results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
+    f = figures_from_summary({"curve": curve, "results": results}, wall_s=1.0)
+    assert f["learn.mixed_groups.first"] == pytest.approx(0.375)
+    assert f["learn.mixed_groups.last"] == pytest.approx(0.625)
+
+
+def test_compare_pairs_trials_by_level_and_seed():
+    from retrojax.bench.learn_compare import compare_figures
+
+    start = {("T@3", t, 0): t < 4 for t in range(16)}  # 4 of 16 solved
+    better = {("T@3", t, 0): t < 12 for t in range(16)}  # the same 4 and 8 more
+    same = dict(start)
+    f = compare_figures({"sft": start, "retrail": better, "grpo": same})
+    assert f["compare.sft.T@3"] == 0.25 and f["compare.retrail.T@3"] == 0.75
+    assert f["compare.retrail_minus_sft.T@3"] == pytest.approx(0.5)
+    assert f["compare.retrail_minus_sft.T@3.ci95_lo"] > 0.0
+    assert f["compare.grpo_minus_sft.T@3"] == 0.0
+    assert "compare.sft_more.T@3" not in f and "compare.retrail_minus_sft_more.T@3" not in f

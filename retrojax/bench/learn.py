@@ -133,9 +133,18 @@ def main(args: argparse.Namespace) -> int:
     from retrojax.bench import print_figures, write_figures
     from retrojax.config import ConfigError
 
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    overrides = list(getattr(args, "overrides", None) or [])
     try:
-        figures = run(quick=bool(args.quick), log=lambda line: print(line, file=sys.stderr),
-                      overrides=list(getattr(args, "overrides", None) or []))
+        if getattr(args, "compare", False):
+            from retrojax.bench.learn_compare import run_compare
+
+            out = Path(tempfile.mkdtemp(prefix="retrojax-bench-compare-"))
+            figures = run_compare([*BENCH, *(QUICK if args.quick else []), *overrides], out, log)
+            print_figures(figures)
+            write_figures(figures, args.json)
+            return 0
+        figures = run(quick=bool(args.quick), log=log, overrides=overrides)
     except (ConfigError, ValueError) as e:
         print(f"retrojax bench learn: {e}", file=sys.stderr)
         return 2
