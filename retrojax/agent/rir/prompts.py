@@ -34,6 +34,7 @@ _FORMAT = {
     "fence": "End your reply with exactly one fenced block:\n```action\n{example}\n```\n"
     "Only the last one counts.",
 }
+_EXAMPLE_FORMAT = {"tag": "<action>rollback</action>", "fence": "a fenced ```action block holding rollback"}
 _EXAMPLE = {"sokoban": "up, left", "minesweeper": "(2, 3)", "scienceworld": "look around", "alfworld": "look"}
 
 
@@ -77,9 +78,9 @@ def agent_system(
     if rollback_tool:
         parts.append(
             "Recovery tool. If you believe the current path went wrong, reply with the action 'rollback' "
-            "(written like any action, e.g. "
-            + action_format(world, style, "rollback")
-            + ") instead of a move. "
+            "instead of a move, written like any action ("
+            + _EXAMPLE_FORMAT.get(style, _EXAMPLE_FORMAT["tag"])
+            + "). "
             "It only asks a reviewer to look at your path: the reviewer may return you to an earlier state "
             "(keeping what was learned in the memory below) or let you continue where you are."
         )
