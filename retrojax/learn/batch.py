@@ -214,12 +214,30 @@ def _fill(seqs: list[Sequence_], rows: int, length: int, scale: float) -> dict[s
     return a
 
 
+def _forest_microbatches(group: list[Sequence_], seq_buckets: Sequence[int], max_batch_tokens: int,
+                         scale: float, share: bool) -> list[Microbatch]:
+    from retrojax.learn.layout import from_sequence, pack
+
+    packing = pack([from_sequence(s, scale) for s in group], lengths=seq_buckets,
+                   max_batch_tokens=max_batch_tokens, share=share)
+    return [Microbatch(a, sum(len(r.members) for r in rows), int((a["exec_mask"] | a["ref_mask"]).sum()))
+            for a, rows in zip(packing.microbatches, packing.row_groups or [], strict=True)]
+
+
 def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_buckets: Sequence[int],
                  max_batch_tokens: int, minibatches: int = 1, chain: bool = True, skip_zero: bool = False,
-                 rng: np.random.Generator | None = None) -> BatchPlan:
-    """Minibatches (one optimizer step each) of microbatches covering every trained call of ``archive``."""
+                 rng: np.random.Generator | None = None, layout: str = "rows") -> BatchPlan:
+    """Minibatches (one optimizer step each) of microbatches covering every trained call of ``archive``.
+
+    ``layout`` (``learn.layout``): ``rows`` as described above; ``packed`` / ``tree``: each minibatch's
+    sequences packed into token-forest rows (``retrojax.learn.layout``), same weights, same minibatches.
+    """
     if minibatches < 1:
         raise ValueError(f"minibatches must be ≥ 1, got {minibatches}")
+    from retrojax.learn.layout import LAYOUTS
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     max_len = max(seq_buckets)
     seqs, stats = build_sequences(archive, adv, lambda_ref=lambda_ref, max_len=max_len, chain=chain,
                                   skip_zero=skip_zero)
@@ -235,6 +253,9 @@ def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_bu
     scale = float(len(groups))  # each step's weights sum to an estimate of the whole objective
     steps: list[list[Microbatch]] = []
     for group in groups:
+        if layout != "rows":
+            steps.append(_forest_microbatches(group, seq_buckets, max_batch_tokens, scale, layout == "tree"))
+            continue
         by_len: dict[int, list[Sequence_]] = defaultdict(list)
         for s in group:
             length = bucket_for(s.tokens.size - 1, seq_buckets)

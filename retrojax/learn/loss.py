@@ -28,8 +28,15 @@ def merge_params(graphdef: Any, template: Any, params: dict) -> Any:
 
 def model_logprobs(graphdef: Any, template: Any, params: dict, batch: dict[str, jax.Array],
                    chunk: int, temperature: float = 1.0) -> jax.Array:
-    """Per-token log-probs of the batch's targets under the policy as sampled (at ``temperature``)."""
+    """Per-token log-probs of the batch's targets under the policy as sampled (at ``temperature``).
+
+    A token-forest batch (``tree_exit`` present, see ``retrojax.learn.layout``) gives one log-prob per term.
+    """
     model = merge_params(graphdef, template, params)
+    if "tree_exit" in batch:
+        return token_logprobs(model, batch["input_ids"], batch["targets"], positions=batch["positions"],
+                              tree_exit=batch["tree_exit"], target_nodes=batch["term_node"], chunk=chunk,
+                              temperature=temperature)
     return token_logprobs(model, batch["input_ids"], batch["targets"],
                           attention_mask=batch["attention_mask"], chunk=chunk, temperature=temperature)
 

@@ -7,7 +7,9 @@ sequence that carries a loss mask on every output span, so the shared prefix is 
 
 The step is one pure jitted function over ``(params, opt_state, batch)`` (the model is rebuilt from its
 graph definition with ``nnx.merge``); a non-finite loss or gradient skips the step and says so in metrics.
-Batches are padded to a few bucketed lengths so the step compiles once per bucket.
+Batches are padded to a few bucketed lengths so the step compiles once per bucket. With ``layout`` packed or
+tree (``learn.layout``, default tree) a step's examples are packed several per row and, for tree, the
+prefixes they share (system prompts, a trial's earlier turns) are laid out once (``retrojax.learn.layout``).
 """
 
 from __future__ import annotations
@@ -153,10 +155,42 @@ def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0, weig
                        optax.adamw(schedule, weight_decay=weight_decay))
 
 
+def collate_forest(examples: Sequence[Example], buckets: Sequence[int], share: bool = True
+                   ) -> dict[str, np.ndarray]:
+    """The same examples as one token-forest batch (``learn.layout`` packed | tree, see
+    ``retrojax.learn.layout``): several examples per row, shared prefixes once (``share``), one
+    ``loss_mask`` entry per trained token. Rows: a power of two; length: the smallest bucket that fits."""
+    from retrojax.learn.layout import from_example, pack
+
+    items = [from_example(e.ids, e.own) for e in examples]
+    rows = 1 << max(0, math.ceil(math.log2(len(items))))  # room for one row per example: one microbatch
+    packing = pack(items, lengths=buckets, max_batch_tokens=rows * max(buckets), share=share)
+    (batch,) = packing.microbatches
+    return batch
+
+
+def make_batch(examples: Sequence[Example], batch_size: int, buckets: Sequence[int], pad_id: int = 0,
+               layout: str = "tree") -> dict[str, np.ndarray]:
+    """One step's arrays in ``layout`` (rows: ``collate`` at the smallest bucket that fits)."""
+    if layout == "rows":
+        length = bucket_for(max(len(e.ids) - 1 for e in examples), buckets)
+        return collate(examples, batch_size, length, pad_id)
+    if layout not in ("packed", "tree"):
+        raise ValueError(f"layout must be rows | packed | tree, got {layout!r}")
+    return collate_forest(examples, buckets, share=layout == "tree")
+
+
+def _logprobs(model: Qwen3, batch: dict[str, jax.Array], chunk: int) -> jax.Array:
+    if "tree_exit" in batch:
+        return token_logprobs(model, batch["input_ids"], batch["targets"], positions=batch["positions"],
+                              tree_exit=batch["tree_exit"], target_nodes=batch["term_node"], chunk=chunk)
+    return token_logprobs(model, batch["input_ids"], batch["targets"],
+                          attention_mask=batch["attention_mask"], chunk=chunk)
+
+
 def sft_loss(model: Qwen3, batch: dict[str, jax.Array], chunk: int = 512) -> tuple[jax.Array, jax.Array]:
     """Token-averaged negative log-likelihood over the masked targets; returns (loss, trained token count)."""
-    lp = token_logprobs(model, batch["input_ids"], batch["targets"],
-                        attention_mask=batch["attention_mask"], chunk=chunk)
+    lp = _logprobs(model, batch, chunk)
     mask = batch["loss_mask"].astype(jnp.float32)
     count = mask.sum()
     return -(lp * mask).sum() / jnp.maximum(count, 1.0), count
@@ -224,10 +258,12 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
 def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_size: int, learning_rate: float,
               seed: int = 0, warmup_steps: int = 0, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
               buckets: Sequence[int] | None = None, pad_id: int = 0, chunk: int = 512,
-              progress: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+              progress: Callable[[int, dict[str, float]], None] | None = None,
+              layout: str = "tree") -> list[dict[str, float]]:
     """Run ``steps`` SFT updates on ``model`` in place; returns per-step metrics (host floats).
 
-    ``progress(step, metrics)`` is called after each step (e.g. to advance a progress bar).
+    ``progress(step, metrics)`` is called after each step (e.g. to advance a progress bar). ``layout``
+    (``learn.layout``) only changes how a step's examples are laid out, not which examples or the loss.
     """
     if steps <= 0 or batch_size <= 0:
         raise ValueError(f"steps and batch_size must be positive, got {steps}, {batch_size}")
@@ -241,8 +277,7 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
     history: list[dict[str, float]] = []
     for i in range(steps):
         group = next(batches)
-        length = bucket_for(max(len(e.ids) - 1 for e in group), buckets)
-        batch = {k: jnp.asarray(v) for k, v in collate(group, batch_size, length, pad_id).items()}
+        batch = {k: jnp.asarray(v) for k, v in make_batch(group, batch_size, buckets, pad_id, layout).items()}
         params, opt_state, metrics = step_fn(params, opt_state, batch)
         record = {k: float(v) for k, v in metrics.items()}
         record["step"] = float(i)
@@ -255,8 +290,7 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
 
 def _nll_totals(graphdef: nnx.GraphDef, chunk: int, params: Any,
                 batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-    lp = token_logprobs(nnx.merge(graphdef, params), batch["input_ids"], batch["targets"],
-                        attention_mask=batch["attention_mask"], chunk=chunk)
+    lp = _logprobs(nnx.merge(graphdef, params), batch, chunk)
     return -(lp * batch["loss_mask"]).sum(), batch["loss_mask"].sum()
 
 
@@ -264,7 +298,7 @@ _nll_totals_jit = jax.jit(_nll_totals, static_argnums=(0, 1))
 
 
 def evaluate_nll(model: Qwen3, examples: Sequence[Example], batch_size: int, pad_id: int = 0,
-                 chunk: int = 512, buckets: Sequence[int] | None = None) -> float:
+                 chunk: int = 512, buckets: Sequence[int] | None = None, layout: str = "tree") -> float:
     """Mean negative log-likelihood per trained token over ``examples`` (no update).
 
     Compiles once per (model graph, bucket length, batch size), shared across calls.
@@ -277,8 +311,7 @@ def evaluate_nll(model: Qwen3, examples: Sequence[Example], batch_size: int, pad
     ordered = sorted(examples, key=lambda e: len(e.ids))
     for start in range(0, len(ordered), batch_size):
         group = ordered[start:start + batch_size]
-        length = bucket_for(max(len(e.ids) - 1 for e in group), buckets)
-        batch = {k: jnp.asarray(v) for k, v in collate(group, batch_size, length, pad_id).items()}
+        batch = {k: jnp.asarray(v) for k, v in make_batch(group, batch_size, buckets, pad_id, layout).items()}
         a, b = _nll_totals_jit(graphdef, chunk, params, batch)
         nll, count = nll + float(a), count + float(b)
     return nll / max(count, 1.0)

@@ -217,6 +217,10 @@ class Update:
         return lowered
 
 
+# What the log-prob pass reads from a batch: rows layout, or a token forest (retrojax.learn.layout)
+_MODEL_INPUTS = ("input_ids", "targets", "attention_mask", "positions", "tree_exit", "term_node")
+
+
 class LogProbs:
     """Jitted per-token log-probs of a batch under given params (old-logprob check, frozen reference)."""
 
@@ -231,20 +235,19 @@ class LogProbs:
         else:
             b = plan.batch_prefix
             fsh = getattr(plan, "frozen", None)
-            self._jitted = jax.jit(self._run, in_shardings=(plan.params, b, b, b, fsh), out_shardings=b)
+            self._jitted = jax.jit(self._run, in_shardings=(plan.params, b, fsh), out_shardings=b)
             self._gap = jax.jit(_gap, in_shardings=(b, b, b), out_shardings=plan.replicated)
 
-    def _run(self, params: Params, input_ids: jax.Array, targets: jax.Array, attention_mask: jax.Array,
-             frozen: Params | None = None):
-        batch = {"input_ids": input_ids, "targets": targets, "attention_mask": attention_mask}
-        return model_logprobs(self.graphdef, self.template, join_params(params, frozen), batch, self.chunk,
+    def _run(self, params: Params, inputs: dict[str, jax.Array], frozen: Params | None = None):
+        return model_logprobs(self.graphdef, self.template, join_params(params, frozen), inputs, self.chunk,
                               self.temperature)
 
     def __call__(self, params: Params, batch: dict[str, Any]) -> jax.Array:
+        """Log-probs of the batch's targets: [rows, length] (rows layout) or [rows, terms] (packed | tree)."""
         plan = self.plan
+        inputs = {k: batch[k] for k in _MODEL_INPUTS if k in batch}
         with activation_sharding(None if plan is None else plan.mesh, None if plan is None else plan.rules):
-            return self._jitted(params, batch["input_ids"], batch["targets"], batch["attention_mask"],
-                                self.frozen)
+            return self._jitted(params, inputs, self.frozen)
 
     def gap(self, logprobs: jax.Array, old: jax.Array, mask: jax.Array) -> jax.Array:
         """(max, sum, count) of |logprobs − old| over ``mask``, as one replicated device array."""
