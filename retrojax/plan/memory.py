@@ -177,10 +177,9 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
     out["update"] = out["params"] + out["opt"] + out["grads"] + max(out["act"], out["opt_step_temp"])
     if logprobs:
         lp = LogProbs(graphdef, template, chunk=cfg.learn.logprob_chunk, plan=plan, frozen=frozen)
-        b = batch
+        inputs = {k: batch[k] for k in ("input_ids", "targets", "attention_mask")}
         with activation_sharding(None if plan is None else plan.mesh, None if plan is None else plan.rules):
-            compiled = lp._jitted.lower(params, b["input_ids"], b["targets"], b["attention_mask"],
-                                        frozen).compile()
+            compiled = lp._jitted.lower(params, inputs, frozen).compile()
         out["logprob_act"] = float(_temp(compiled))
         out["logprob"] = out["params"] + out["opt"] + out["logprob_act"]
     return out
@@ -192,14 +191,13 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model.lora import DECODE_MERGED, merge_lora
+    from retrojax.model.lora import DECODE_MERGED
     from retrojax.model.qwen3 import KVCache
     from retrojax.parallel.shard import make_plan, param_shapes
     from retrojax.sampler import _next_logits
 
-    model = abstract_model(shapes, False, lora)
-    if lora is not None and DECODE_MERGED:
-        model = nnx.eval_shape(lambda: merge_lora(model))
+    # merged LoRA weights have the base's shapes (a separate copy, counted in rollout_params below)
+    model = abstract_model(shapes, False, None if DECODE_MERGED else lora)
     rows = rows or shapes.inflight
     c, dt = shapes.config, jnp.dtype(shapes.dtype)
     cache_shape = (c.num_hidden_layers, rows, shapes.max_len, c.num_key_value_heads, c.head_dim)
