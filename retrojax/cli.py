@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "retrojax.bench.serve:main", "retrojax serve: tokens/s, 1/8/32 clients vs one at a time"),
         ("learn", "retrojax.bench.learn:main", "SFT then K ReTRAIL updates on CPU: does success rise?"),
         ("parallel", "retrojax.bench.parallel:main", "mesh: per-device FLOPs/memory, collectives, 4B plan"),
+        ("lora", "retrojax.bench.lora:main", "LoRA decode: merged weights vs adapters per step"),
     ]:
         p = bench_sub.add_parser(name, help=help_)
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")

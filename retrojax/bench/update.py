@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from retrojax.bench import run_and_report
+from retrojax.bench.lora import lora_figures
 from retrojax.config import LearnConfig
 from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import plan_batches
@@ -89,6 +90,7 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
         "fwd_bwd_compile.s": compile_fb,
         "traces": float(upd.traces),
         "device": jax.devices()[0].platform,
+        **lora_figures(quick, log),  # update.lora_over_full, update.lora_trainable_fraction
     }
 
 
