@@ -213,7 +213,9 @@ def run(cfg: Any) -> Path:
     facts["demonstrations"] = "; ".join(
         f"{k}: {v['trials']} trials, {v['calls']} calls, success {v['success']:.0%}, "
         f"{v['recoveries']} recoveries ({v['forced_rewinds']} forced, {v['model_rewinds']} model-initiated)"
-        for k, v in demo_stats.items())
+        for k, v in demo_stats.items() if isinstance(v, dict))
+    facts["demonstrations"] += (f" (on the first {demo_stats['levels']} training levels; the oracle's "
+                                f"random moves are context only, never SFT targets)")
 
     sft_stats: dict[str, Any] = {}
     if cfg.sft.steps > 0:
