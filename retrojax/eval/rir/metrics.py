@@ -49,6 +49,9 @@ def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
         "aux_by_role": {k: mean(lambda r, k=k: r.aux_by_role[k]) for k in AUX_ROLES},
         "agent_calls": mean(lambda r: r.agent_calls),
         "invalid_turns": mean(lambda r: r.invalid_turns),
+        "end_reasons": {
+            k: sum(r.end_reason == k for r in records) / n for k in sorted({r.end_reason for r in records})
+        },
         "parse_problems": mean(lambda r: r.parse_problems),
         # totals (not means): how often each role's reply failed to parse, out of how many calls
         "parse_failures_by_role": {k: sum(r.parse_problems_by_role[k] for r in records) for k in AUX_ROLES},

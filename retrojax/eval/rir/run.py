@@ -80,6 +80,8 @@ def format_eval(report: dict[str, Any]) -> str:
     rir = report["rir"]
     lines = ["RIR variants (one paired batch):", metrics.format_table(report["results"], rir["protocols"])]
     for key, d in rir.get("acceptance", {}).items():
+        if key in rir.get("comparisons", {}):
+            continue  # printed with the comparisons below
         lines.append(f"paired {key}: {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] (n = {d['n']})")
     for name in rir["protocols"]:
         r = report["results"].get(name, {})
