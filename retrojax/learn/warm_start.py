@@ -126,8 +126,9 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *,
     held = [examples[i] for i in order[: max(1, len(examples) // 10)]]
     train = [examples[i] for i in order[max(1, len(examples) // 10):]] or held
     buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
-    chunk = cfg.learn.logprob_chunk
-    nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
+    chunk, layout = cfg.learn.logprob_chunk, cfg.learn.layout
+    nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets,
+                                  layout=layout)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -144,11 +145,12 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *,
         history = sft.train_sft(model, train, steps=s.steps, batch_size=s.batch_size,
                                 learning_rate=s.learning_rate, seed=cfg.run.seed, warmup_steps=s.warmup_steps,
                                 max_grad_norm=cfg.learn.max_grad_norm, pad_id=pad, progress=advance,
-                                buckets=buckets, chunk=chunk)
+                                buckets=buckets, chunk=chunk, layout=layout)
     finally:
         if bar is not None:
             bar.close()
-    nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets)
+    nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets,
+                                 layout=layout)
     return {"pack": dataclasses.asdict(stats), "train_examples": len(train), "held_out_examples": len(held),
             "context_only_calls": int(sum(not t for t in teach)),
             "held_out_nll_before": nll_before, "held_out_nll_after": nll_after,
