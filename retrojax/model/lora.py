@@ -301,8 +301,9 @@ def base_pointer(model_cfg: Any) -> dict[str, Any]:
             "dtype": model_cfg.dtype, "adapter": getattr(model_cfg, "adapter", None)}
 
 
-# The sampler decodes a LoRA policy from merged weights (W + scale · A · B) rather than applying the
-# adapters at every step: measured faster at the Qwen3-0.6B shape (docs/lora-and-memory.md).
+# generate / serve decode a LoRA policy from merged weights (W + scale · A · B) rather than applying the
+# adapters at every step: 10% faster at the Qwen3-0.6B shape on CPU (docs/lora-and-memory.md). The
+# trainer's rollouts apply them per step, so no merged copy of the base sits next to the training state.
 DECODE_MERGED = True
 
 

@@ -191,13 +191,13 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model.lora import DECODE_MERGED
     from retrojax.model.qwen3 import KVCache
     from retrojax.parallel.shard import make_plan, param_shapes
     from retrojax.sampler import _next_logits
 
-    # merged LoRA weights have the base's shapes (a separate copy, counted in rollout_params below)
-    model = abstract_model(shapes, False, None if DECODE_MERGED else lora)
+    # the trainer's sampler decodes a LoRA policy with the adapters applied per step (no merged copy of the
+    # base next to the training state); generate / serve decode merged weights (DECODE_MERGED)
+    model = abstract_model(shapes, False, lora)
     rows = rows or shapes.inflight
     c, dt = shapes.config, jnp.dtype(shapes.dtype)
     cache_shape = (c.num_hidden_layers, rows, shapes.max_len, c.num_key_value_heads, c.head_dim)
@@ -217,8 +217,8 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     return {
         "kv": float(2 * shard_bytes([leaf])),
         "decode_temp": float(_temp(compiled)),
-        # a separate copy of the whole model: the rollout profile on a mesh, or merged LoRA weights
-        "rollout_params": float(shard_bytes(pure)) if multi or (lora is not None and DECODE_MERGED) else 0.0,
+        # a separate copy of the whole model: the rollout profile on a mesh
+        "rollout_params": float(shard_bytes(pure)) if multi else 0.0,
         "layer_copy": float(layer_bytes),
         "rows": float(rows),
     }
