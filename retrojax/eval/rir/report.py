@@ -205,6 +205,8 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
         lines += [f"| RIR — {PAPER_NOTE} | {PAPER['RIR']['rollbacks']:.2f} (ScienceWorld) |", ""]
         lines += ["## Oracle acceptance (paired differences, 95% intervals)", ""]
         for world, data in worlds.items():
+            if not str(data.get("policy", "")).startswith("oracle"):
+                continue  # the acceptance bounds are the scripted oracle's; model runs: the paired section
             for key, d in data.get("acceptance", {}).items():
                 lines.append(
                     f"- {world}: {key} = {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] over "
