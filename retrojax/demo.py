@@ -79,8 +79,10 @@ def build_policy_model(cfg: Any, tokenizer: Any) -> Any:
     vocab = 64 * math.ceil(tokenizer.vocab_size / 64)
     config = dataclasses.replace(PRESETS[cfg.model.preset], vocab_size=vocab,
                                  eos_token_id=tokenizer.im_end_id)
+    from retrojax.plan.runtime import resolve_remat
+
     return Qwen3(config, dtype=jnp.dtype(cfg.model.dtype), rngs=nnx.Rngs(cfg.model.seed),
-                 remat=cfg.learn.remat)
+                 remat=resolve_remat(cfg))  # learn.remat auto: on only when the update would not fit
 
 
 def load_checkpoint(cfg: Any) -> tuple[Any, Any]:

@@ -51,10 +51,17 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     assert summary["demonstrations"]["recovery"]["trials"] == 6
     assert len(summary["curve"]) == 1 and 0.0 <= summary["curve"][0]["success"] <= 1.0
     assert summary["train_tasks"] == 3  # RL's pool: the first 3 training levels
+    assert summary["demonstrations"]["levels"] == 3  # demonstrations concentrate on the pool
+    assert "context_only_moves" in summary["demonstrations"]["recovery"]
+    point = summary["curve"][0]
+    assert 0.0 <= point["diag/mixed_groups"] <= 1.0 and point["train/optimizer_steps"] in (0.0, 1.0)
+    assert {tuple(x[:3]) for x in summary["heldout_trials"]["SFT"]} == {
+        tuple(x[:3]) for x in summary["heldout_trials"]["RL"]}  # paired: same levels, seeds, protocols
 
     report = (out / "report.md").read_text()
     assert "| SFT | T@3 |" in report and "| RL | P@1 |" in report and "Δref" in report
     assert "drawn from the first 3 training levels" in report
+    assert "## Per-update diagnostics" in report and "mixed groups" in report
     for png in ("success_by_protocol.png", "learning_curve.png", "success_vs_attempts.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert any((out / "rl" / "checkpoints").iterdir())
