@@ -28,9 +28,13 @@ def _kernel_manager() -> KernelManager:
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks clean"
-    client = NotebookClient(nb, timeout=300, km=_kernel_manager(),
-                            resources={"metadata": {"path": str(tmp_path)}})
-    client.execute()
+    km = _kernel_manager()
+    client = NotebookClient(nb, timeout=300, km=km, resources={"metadata": {"path": str(tmp_path)}})
+    try:
+        client.execute()
+    finally:  # a client given its kernel manager leaves the kernel running: stop it (memory, threads)
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
     assert sum(bool(c.outputs) for c in nb.cells if c.cell_type == "code") >= 3
