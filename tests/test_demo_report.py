@@ -76,7 +76,7 @@ def _history(successes, trials=48):
 def test_demo_notes_say_whether_training_batch_success_rose_with_intervals():
     from types import SimpleNamespace
 
-    from retrojax.learn import curves as demo
+    from retrojax import demo
 
     curve = demo.learning_curve(_history([0.25, 0.25, 0.5, 0.75, 0.75]))
     assert [p["wall_s"] for p in curve] == [15.0, 30.0, 45.0, 60.0, 75.0]

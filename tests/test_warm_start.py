@@ -43,7 +43,7 @@ def test_random_moves_are_context_not_targets(demos):
     noisy = [c for c in archive.calls if not c.teach]
     assert noisy and len(noisy) == stats["recovery"]["context_only_moves"]
     assert all(c.role == EXECUTION and "Trying something" in c.output_text for c in noisy)
-    assert all(c.teach for c in archive.calls if c.trial < stats["solver"]["trials"])  # solver play: all expert
+    assert all(c.teach for c in archive.calls if c.trial < stats["solver"]["trials"])  # solver: all expert
     end_id, _ = special_ids(type("T", (), {"stop_ids": [1]})())
     calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
     examples, _ = sft.pack_calls(calls, 4096, end_id=end_id, train=[c.teach for c in archive.calls])
