@@ -248,7 +248,7 @@ def _one_update(recorded, tmp_path, **learn) -> tuple[Trainer, dict]:
 
 def test_the_step_does_not_depend_on_microbatch_size(recorded, tmp_path):
     """Microbatches are a memory device: one update cut into many small microbatches or one large one
-    takes the same optimizer step(s) (parameters within 1e-5; see below); the token-tree layout takes it too."""
+    takes the same step (parameters within 1e-5, see below); the token-tree layout takes it too."""
     small, h_small = _one_update(recorded, tmp_path / "s", max_batch_tokens=128, layout="rows")
     large, h_large = _one_update(recorded, tmp_path / "l", max_batch_tokens=65536, layout="rows")
     tree, h_tree = _one_update(recorded, tmp_path / "t", max_batch_tokens=128, layout="tree")
