@@ -109,6 +109,12 @@ def byte_table(tok):
 @given(texts=st.lists(st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30),
                       min_size=1, max_size=4))
 def test_turnwise_ids_equal_rendered_text(tok, byte_table, texts):
+    import unicodedata
+
+    from hypothesis import assume
+
+    # Qwen3's tokenizer NFC-normalizes (e.g. U+2F800 becomes U+4E3D), so only NFC-stable text round-trips
+    assume(all(unicodedata.normalize("NFC", t) == t for t in texts))
     roles = ["user", "assistant", "system", "user"]
     ids, text = [], ""
     for role, t in zip(roles, texts, strict=False):
