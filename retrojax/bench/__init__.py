@@ -9,6 +9,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` calls, each waited for (async dispatch)."""
+    import time
+
+    import jax
+    import numpy as np
+
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def print_figures(figures: dict[str, float | str]) -> None:
     """One ``key: value`` line per figure, in the order measured."""
     for k, v in figures.items():

@@ -14,19 +14,11 @@ applying the adapters at every step, at the Qwen3-0.6B shape (``--quick``: the d
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import numpy as np
 
-
-def _median(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+from retrojax.bench import median_time
 
 
 def lora_figures(quick: bool = False, log=print, rank: int = 16) -> dict[str, float]:
@@ -68,7 +60,7 @@ def lora_figures(quick: bool = False, log=print, rank: int = 16) -> dict[str, fl
             return metrics
 
         jax.block_until_ready(step())  # compile
-        out[f"update.{route}.s"] = _median(step, repeats)
+        out[f"update.{route}.s"] = median_time(step, repeats)
     out["update.lora_over_full"] = out["update.lora.s"] / out["update.full.s"]
     out["update.lora_rank"] = float(rank)
     log(f"LoRA rank {rank} vs full at {preset}, microbatch {mb.shape}: {out['update.lora.s']:.3f} s vs "
@@ -101,7 +93,7 @@ def decode_figures(quick: bool = False, log=print, tokens: int = 32, rank: int =
             return sampler.generate([0], tokens, temperature=0.0, key=jax.random.key(0))[0].ids
 
         run()  # compile
-        secs = _median(run, 3)
+        secs = median_time(run, 3)
         out[f"decode.{name}.s"] = secs
         out[f"decode.{name}.tokens_per_s"] = tokens / secs
     out["decode.merged_over_per_step"] = out["decode.merged.s"] / out["decode.per_step.s"]

@@ -38,22 +38,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from retrojax.bench import run_and_report
+from retrojax.bench import median_time, run_and_report
 from retrojax.bench.lora import lora_figures
 from retrojax.config import LearnConfig
 from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import plan_batches
 from retrojax.learn.synthetic import synthetic_archive
 from retrojax.learn.update import make_update
-
-
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def run(quick: bool = False, log=print) -> dict[str, float]:
@@ -83,7 +74,7 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
     t0 = time.perf_counter()
     jax.block_until_ready(upd.fwd_bwd(params, batch))
     compile_fb = time.perf_counter() - t0
-    fwd_bwd_s = _median_time(lambda: upd.fwd_bwd(params, batch), repeats)
+    fwd_bwd_s = median_time(lambda: upd.fwd_bwd(params, batch), repeats)
 
     state = {"params": params, "opt": opt_state}
 
@@ -94,7 +85,7 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
     t0 = time.perf_counter()
     jax.block_until_ready(step())
     compile_update = time.perf_counter() - t0
-    update_s = _median_time(step, repeats)
+    update_s = median_time(step, repeats)
     tokens = float(np.prod(mb.shape))
     layouts = layout_figures(quick, log)
     return {

@@ -336,7 +336,7 @@ class Trainer:
     def _prepare(self, batches: list[dict[str, jax.Array]]) -> dict[str, float]:
         """Check sampler log-probs against θ_old; optionally replace them, and add reference log-probs."""
         gaps: list[np.ndarray] = []  # (max, sum, count) per microbatch, reduced on device
-        kl_ref: list[np.ndarray] = []  # (sum, count) of k3(behaviour ‖ reference) per microbatch
+        kl_ref: list[jax.Array] = []  # (sum, count) of k3(behaviour ‖ reference) per microbatch
         for b in batches:
             if self.learn.check_logprobs or self.learn.old_logprobs == "recompute":
                 lp = self.logprobs(self.params, b)
@@ -346,12 +346,12 @@ class Trainer:
                     b["old_logprobs"] = jnp.where(mask, lp, 0.0)
             if self.ref_params is not None:
                 ref = self.logprobs(self.ref_params, b)
-                kl_ref.append(np.asarray(_k3_totals(b["old_logprobs"], ref, b["exec_mask"] | b["ref_mask"])))
+                kl_ref.append(_k3_totals(b["old_logprobs"], ref, b["exec_mask"] | b["ref_mask"]))  # on device
                 if self.learn.kl_coef > 0:
                     b["ref_logprobs"] = ref
         out: dict[str, float] = {}
         if kl_ref:
-            k = np.stack(kl_ref)
+            k = np.asarray(jnp.stack(kl_ref))  # one host read for the whole update
             out["diag/kl_ref"] = float(k[:, 0].sum() / max(k[:, 1].sum(), 1.0))
         if not gaps:
             return out
