@@ -100,6 +100,37 @@ def test_parsers_read_what_the_writers_write_and_fall_back():
     assert not replies.is_rollback_request("rollbacks") and not replies.is_rollback_request("up")
 
 
+def test_parsers_accept_loose_forms_but_never_guess():
+    loose = replies.parse_review(
+        "**Verdict:** Roll back\n**Urgency:** 70% (high)\nDiagnosis: box in a corner\n"
+        "obs: walls line the edge\nelim: pushing up at C_3"
+    )
+    assert loose.verdict == "rollback" and loose.urgency == 0.7 and not loose.problems
+    assert loose.diagnosis == "box in a corner" and loose.knowledge.elim == ("pushing up at C_3",)
+    unclosed = replies.parse_review("<verdict>rollback\n<urgency>0.9")
+    assert unclosed.verdict == "rollback" and unclosed.urgency == 0.9
+    assert replies.parse_review("Rollback.").verdict == "rollback"
+    # the format echoed back, prose, or another role's tags: no verdict, no urgency (both fallbacks counted)
+    for text in (
+        "<verdict>continue or rollback</verdict>\n<urgency>a number from 0 to 1</urgency>",
+        "I think we should rollback now",
+        "<remark>From C_1 I went on to rollback</remark><action>up</action>",
+    ):
+        rv = replies.parse_review(text)
+        assert rv.verdict == "continue" and rv.urgency is None and len(rv.problems) == 2, text
+        assert rv.knowledge.obs == () and rv.knowledge.elim == ()
+    assert replies.parse_range("Range: C_2 - C_5 (before the push)", 7) == replies.Interval(2, 5)
+    assert replies.parse_range("<range>[1, 4]", 7) == replies.Interval(1, 4)
+    assert not replies.parse_range("<range>C_l - C_u</range>", 7).valid
+    assert not replies.parse_range("<range>0.5</range>", 7).valid
+    sel = replies.parse_restore("restore: C_3, before the push\nconfidence: 0.8\nwhy: box free", [1, 3])
+    assert sel.target == 3 and sel.confidence == 0.8 and sel.justification == "box free"
+    assert replies.parse_restore("<restore>C_r</restore>", [1, 3]).target is None
+    p = replies.parse_patch("Milestones:\n- reached the box\n\nFailure: cornered it\nPattern: no corners")
+    assert p.milestones == ("reached the box",) and p.failure == "cornered it" and not p.problems
+    assert p.pattern == "no corners"
+
+
 def test_memory_merges_without_duplicates_replaces_f_and_marks_reverify():
     m = Memory("put the boxes on targets")
     assert m.merge(Knowledge(obs=("door is locked",), elim=("avoid 'up' at state k1",)), checkpoint=5) == 2

@@ -23,6 +23,16 @@ documented fallback. Only the *last* occurrence of a tag counts.
   F = the reviewer's diagnosis; no pattern: the failure analysis stands for it.
 - the agent's rollback tool: the action ``rollback`` (optionally ``rollback: reason``) in the world's
   action format.
+
+Every field is read by :func:`field`, which accepts the forms a model that follows the instruction loosely
+writes: the tag (last complete one), an unclosed last tag (``<verdict>rollback`` with no closing tag), or a
+``name: value`` line (markdown emphasis, bullets or a heading around the name allowed, e.g.
+``**Verdict:** Rollback``). A value is then read leniently but never guessed: a verdict is its first word
+(``roll back`` and case allowed; a value naming both verdicts, such as the format's own ``continue or
+rollback``, is no verdict), and a whole reply of one verdict word counts; an urgency or confidence must
+START with a number (``0.7 (high)``, ``70%``), so the template's ``a number from 0 to 1`` is none; a range
+or restore point is found inside its value (``C_2 - C_5 (before the push)``, ``[2, 5]``, ``C_3, since …``).
+Text outside any field — prose, another role's tags — is never searched for a verdict.
 """
 
 from __future__ import annotations
@@ -41,9 +51,13 @@ MAX_FIELD_CHARS = 2000
 _ROLLBACK_TOOL = re.compile(r"^\s*rollback\s*(?:[:\-—]|$)", re.IGNORECASE)
 _INDEX = re.compile(r"(?:c\s*_?\s*)?(\d{1,9})", re.IGNORECASE)
 _RANGE = re.compile(
-    r"^\s*(?:c\s*_?\s*)?(\d{1,9})\s*(?:-|–|—|,|to|\.\.)\s*(?:c\s*_?\s*)?(\d{1,9})\s*\.?\s*$", re.IGNORECASE
+    r"(?<![\w.])(?:c\s*_?\s*)?(\d{1,9})\s*(?:-|–|—|,|to|\.\.)\s*(?:c\s*_?\s*)?(\d{1,9})(?![\w.]*\d)",
+    re.IGNORECASE,
 )
-_SINGLE = re.compile(r"^\s*(?:c\s*_?\s*)?(\d{1,9})\s*\.?\s*$", re.IGNORECASE)
+_SINGLE = re.compile(r"(?<![\w.])(?:c\s*_?\s*)?(\d{1,9})(?![\w.]*\d)", re.IGNORECASE)
+_CHECKPOINT = re.compile(r"(?<![a-z])c\s*_?\s*(\d{1,9})\b", re.IGNORECASE)
+_NUMBER = re.compile(r"^[\s*_`\[(]*([-+]?(?:\d+\.?\d*|\.\d+))\s*(%?)")
+_MARKS = " \t*_`#>•-"
 _CHANNEL_LINE = re.compile(r"^\s*[-*]?\s*(obs|elim|aff)\s*:\s*(.*)$", re.IGNORECASE)
 
 
@@ -65,18 +79,83 @@ def last_tag(text: object, tag: str) -> str | None:
     return s[start + len(tag) + 2 : end].strip()[:MAX_FIELD_CHARS]
 
 
+def _unclosed_tag(s: str, tag: str) -> str | None:
+    """The text after the last ``<tag>`` that has no closing tag, up to the next tag or the end."""
+    lower = s.lower()
+    start = lower.rfind(f"<{tag}>")
+    if start < 0:
+        return None
+    rest = s[start + len(tag) + 2 :]
+    cut = rest.find("<")
+    value = (rest if cut < 0 else rest[:cut]).strip()
+    return value[:MAX_FIELD_CHARS] or None
+
+
+def _key_line(s: str, name: str) -> str | None:
+    """The value of the last line ``name: value`` (or ``name = value``); a name alone on its line takes
+    the lines below it up to a blank line."""
+    pattern = re.compile(
+        rf"^[{re.escape(_MARKS)}]*{re.escape(name)}[ \t*_`]*[:=][ \t*_`]*(.*)$", re.IGNORECASE | re.MULTILINE
+    )
+    matches = list(pattern.finditer(s))
+    if not matches:
+        return None
+    m = matches[-1]
+    value = m.group(1).strip()
+    if not value:
+        below = s[m.end() :].lstrip("\n").split("\n\n", 1)[0]
+        value = below.strip()
+    return value[:MAX_FIELD_CHARS] or None
+
+
+def field(text: object, name: str) -> str | None:
+    """A reply field in any accepted form (see the module docstring): the last complete ``<name>…</name>``,
+    else an unclosed last ``<name>``, else the last ``name: value`` line; None if the reply has none."""
+    s = _text(text)
+    if not s:
+        return None
+    value = last_tag(s, name)
+    if value is not None:
+        return value
+    value = _unclosed_tag(s, name)
+    if value is not None:
+        return value
+    return _key_line(s, name)
+
+
+def _verdict(text: object) -> str | None:
+    raw = field(text, "verdict")
+    if raw is None:  # only a reply that is one verdict word and nothing else
+        words = re.findall(r"[a-z]+", _text(text).lower())
+        return {"continue": CONTINUE, "rollback": ROLLBACK, "roll back": ROLLBACK}.get(" ".join(words))
+    words = re.findall(r"[a-z]+", raw.lower())
+    joined = " ".join(words)
+    if not words or ("continue" in joined and "roll" in joined):
+        return None  # no verdict, or both named (the format's own "continue or rollback")
+    if words[0] == CONTINUE:
+        return CONTINUE
+    if words[0] == ROLLBACK or words[:2] == ["roll", "back"]:
+        return ROLLBACK
+    return None
+
+
 def is_rollback_request(content: object) -> bool:
     """The agent's action content calls the rollback tool."""
     return isinstance(content, str) and _ROLLBACK_TOOL.match(content) is not None
 
 
 def _unit(text: str | None) -> float | None:
+    """A number at the START of a field value (``0.7``, ``0.7 (high)``, ``70%`` = 0.7); None otherwise."""
     if text is None:
         return None
+    m = _NUMBER.match(text)
+    if not m:
+        return None
     try:
-        return float(text.strip().rstrip("."))
+        x = float(m.group(1))
     except (ValueError, OverflowError):
         return None
+    return x / 100 if m.group(2) else x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,16 +172,17 @@ class Review:
 
 def parse_review(text: object) -> Review:
     problems = []
-    raw = last_tag(text, "verdict")
-    verdict = (raw or "").strip().strip(".").lower()
-    if verdict not in (CONTINUE, ROLLBACK):
+    read = _verdict(text)
+    if read is None:
         problems.append("no <verdict>continue|rollback</verdict>; treated as continue")
-        verdict = CONTINUE
-    urgency = _unit(last_tag(text, "urgency"))
+    verdict = read or CONTINUE
+    urgency = _unit(field(text, "urgency"))
     if urgency is None:
         problems.append("no numeric <urgency>; the schedule's default is used")
-    diagnosis = last_tag(text, "diagnosis") or ""
-    body = last_tag(text, "knowledge") or ""
+    diagnosis = field(text, "diagnosis") or ""
+    body = field(text, "knowledge")
+    if body is None:  # channel lines written without a <knowledge> block
+        body = _text(text) if read is not None else ""
     found: dict[str, list[str]] = {c: [] for c in CHANNELS}
     for line in body.splitlines():
         m = _CHANNEL_LINE.match(line)
@@ -125,14 +205,14 @@ class Interval:
 
 def parse_range(text: object, t: int) -> Interval:
     """``[l, u]`` with ``0 ≤ l ≤ u ≤ t``; otherwise an invalid interval with the reason."""
-    raw = last_tag(text, "range")
+    raw = field(text, "range")
     if raw is None:
         return Interval(None, None, ("no <range>C_l - C_u</range>",))
-    m = _RANGE.match(raw)
+    m = _RANGE.search(raw)
     if m:
         lo, hi = int(m.group(1)), int(m.group(2))
     else:
-        one = _SINGLE.match(raw)
+        one = _CHECKPOINT.search(raw) or _SINGLE.search(raw)
         if not one:
             return Interval(None, None, (f"unreadable range {raw[:40]!r}",))
         lo = hi = int(one.group(1))
@@ -151,13 +231,13 @@ class Selection:
 
 def parse_restore(text: object, candidates: Sequence[int]) -> Selection:
     """The restore point ``r`` among ``candidates`` (the admissible checkpoints in ``[l, u]``)."""
-    why = last_tag(text, "why") or ""
-    conf = _unit(last_tag(text, "confidence"))
+    why = field(text, "why") or ""
+    conf = _unit(field(text, "confidence"))
     conf = None if conf is None else clamp_urgency(conf, 0.0)
-    raw = last_tag(text, "restore")
+    raw = field(text, "restore")
     if raw is None:
         return Selection(None, conf, why, ("no <restore>C_r</restore>",))
-    m = _SINGLE.match(raw)
+    m = _CHECKPOINT.search(raw) or _SINGLE.search(raw)
     if not m:
         return Selection(None, conf, why, (f"unreadable restore point {raw[:40]!r}",))
     r = int(m.group(1))
@@ -176,7 +256,7 @@ class Patch:
 
 def parse_patch(text: object) -> Patch:
     problems = []
-    body = last_tag(text, "milestones")
+    body = field(text, "milestones")
     milestones: list[str] = []
     if body is None:
         problems.append("no <milestones> block")
@@ -185,11 +265,11 @@ def parse_patch(text: object) -> Patch:
             item = line.strip().lstrip("-*•").strip()
             if item and item.lower() != "none":
                 milestones.append(item)
-    failure = last_tag(text, "failure")
+    failure = field(text, "failure")
     if not failure:
         problems.append("no <failure> analysis; the reviewer's diagnosis is used")
         failure = ""
-    return Patch(tuple(milestones), failure, tuple(problems), last_tag(text, "pattern") or "")
+    return Patch(tuple(milestones), failure, tuple(problems), field(text, "pattern") or "")
 
 
 # -- writers (scripted players reply through these, so their text goes through the same parsers) -----
