@@ -44,6 +44,8 @@ def check_invariants(batch, s: Settings) -> None:
         assert rec.rollbacks <= rec.recoveries <= s.rollback_budget
         assert rec.agent_calls <= s.agent_budget
         assert rec.aux_calls == sum(rec.aux_by_role.values())
+        assert rec.verdict_fallbacks <= rec.parse_problems_by_role["review"] <= rec.aux_by_role["review"]
+        assert all(rec.parse_problems_by_role[k] <= rec.aux_by_role[k] for k in rec.aux_by_role)
         assert len([c for c in trial.calls if c.role == "execution"]) == rec.agent_calls
         assert len([c for c in trial.calls if c.role != "execution"]) == rec.aux_calls
         for x in rec.restores:
@@ -95,6 +97,7 @@ def test_invariants_on_sokoban_random_runs():
     check_invariants(batch, s)
     assert sum(r.rollbacks for r in batch.records) > 20  # the restores were exercised
     assert sum(r.parse_problems for r in batch.records) > 20  # and so were the fallbacks
+    assert sum(r.verdict_fallbacks for r in batch.records) > 0  # counted apart: reviews with no verdict
 
 
 def test_restore_target_is_the_localized_state_and_restart_goes_to_c0():

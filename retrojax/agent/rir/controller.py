@@ -147,7 +147,8 @@ class RIRRecord:
     restores_refused: int = 0  # Rollback verdicts not acted on: fewer than min_calls_for_restore calls left
     marked_to_verify: int = 0  # memory entries marked to re-verify by rollbacks
     patterns_promoted: int = 0  # recurring failure patterns promoted into E
-    parse_problems: int = 0
+    parse_problems: int = 0  # auxiliary replies with any fallback (per role below)
+    verdict_fallbacks: int = 0  # reviews whose verdict could not be read (acted on as Continue)
     parse_problems_by_role: dict[str, int] = dataclasses.field(
         default_factory=lambda: {r: 0 for r in AUX_ROLES}
     )
@@ -673,6 +674,7 @@ class RIRTrial:
         review = replies.parse_review(text)
         self._problems(call, review.problems)
         r = self.record
+        r.verdict_fallbacks += not review.verdict_read
         r.reviews += 1
         r.reviews_by_trigger[rec["trigger"]] += 1
         self.since_review = 0

@@ -165,6 +165,7 @@ class Review:
     diagnosis: str
     knowledge: Knowledge
     problems: tuple[str, ...] = ()
+    verdict_read: bool = True  # False: no verdict could be read and CONTINUE is the fallback
 
     def rho(self, default: float) -> float:
         return clamp_urgency(self.urgency, default)
@@ -189,7 +190,7 @@ def parse_review(text: object) -> Review:
         if m and m.group(2).strip():
             found[m.group(1).lower()].append(m.group(2).strip())
     knowledge = Knowledge(**{c: tuple(v) for c, v in found.items()})
-    return Review(verdict, urgency, diagnosis, knowledge, tuple(problems))
+    return Review(verdict, urgency, diagnosis, knowledge, tuple(problems), read is not None)
 
 
 @dataclasses.dataclass(frozen=True)

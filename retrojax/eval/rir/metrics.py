@@ -55,6 +55,7 @@ def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
         "parse_problems": mean(lambda r: r.parse_problems),
         # totals (not means): how often each role's reply failed to parse, out of how many calls
         "parse_failures_by_role": {k: sum(r.parse_problems_by_role[k] for r in records) for k in AUX_ROLES},
+        "verdict_fallbacks_total": sum(r.verdict_fallbacks for r in records),  # reviews read as no verdict
         "aux_calls_by_role_total": {k: sum(r.aux_by_role[k] for r in records) for k in AUX_ROLES},
         "restores_refused": mean(lambda r: r.restores_refused),
         "restores_refused_total": sum(r.restores_refused for r in records),

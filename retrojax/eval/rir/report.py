@@ -111,13 +111,21 @@ def _model_facts(worlds: dict[str, dict[str, Any]]) -> list[str]:
             ci = f"[{d['lo']:+.4f}, {d['hi']:+.4f}]"
             out.append(f"- {world}: {key} = {d['mean']:+.4f} {ci} over {d['n']} pairs")
     out += ["", "## Auxiliary replies that failed to parse (fallbacks fired), per role", ""]
-    out += ["| world | variant | review | coarse | fine | patch | restores refused |", "|" + "---|" * 7]
+    out += [
+        "A reply counts once per role when any of its fields fell back; 'no verdict': reviews whose "
+        "verdict could not be read (acted on as Continue).",
+        "",
+        "| world | variant | review | no verdict | coarse | fine | patch | restores refused |",
+        "|" + "---|" * 8,
+    ]
     for world, data in worlds.items():
         for name, r in data["results"].items():
             if "parse_failures_by_role" not in r or not r.get("aux_calls"):
                 continue
             bad, tot = r["parse_failures_by_role"], r["aux_calls_by_role_total"]
             cells = " | ".join(f"{bad[k]}/{tot[k]}" for k in ("review", "coarse", "fine", "patch"))
+            verdicts = f"{r.get('verdict_fallbacks_total', 0)}/{tot['review']}"
+            cells = cells.replace(" | ", f" | {verdicts} | ", 1)
             out.append(f"| {world} | {name} | {cells} | {r['restores_refused_total']} |")
     out.append("")
     for world, data in worlds.items():

@@ -90,6 +90,7 @@ def format_eval(report: dict[str, Any]) -> str:
             lines.append(
                 f"{name}: auxiliary replies that failed to parse: "
                 + ", ".join(f"{k} {v}/{r['aux_calls_by_role_total'][k]}" for k, v in bad.items())
+                + f" (reviews with no readable verdict: {r.get('verdict_fallbacks_total', 0)})"
             )
         if r.get("restores_refused_total"):
             lines.append(f"{name}: restores refused (too few calls left): {r['restores_refused_total']}")
