@@ -128,9 +128,9 @@ class PromptOnlyPolicy:
         return replies.write_patch(["got somewhere"], "the steps went wrong", "moving without a plan")
 
 
-def _transcript(env, policy, settings, protocols, tasks, seeds=(0,)) -> list[dict]:
+def _transcript(env, policy, settings, protocols, tasks, seeds=(0,), cfg=CFG) -> list[dict]:
     out = io.StringIO()
-    runner = RIRRunner(CFG, env, TranscriptPolicy(policy, out), settings=settings)
+    runner = RIRRunner(cfg, env, TranscriptPolicy(policy, out), settings=settings)
     runner.run(make_specs(tasks, seeds, 1, protocols))
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
@@ -172,6 +172,35 @@ def test_no_solver_distance_reaches_any_prompt_on_sokoban():
         finally:
             env.close()
     _assert_no_hidden_values(*runs)
+
+
+def test_compact_agent_prompts_follow_trial_prompt_style():
+    """trial.prompt_style = compact: the agent sees the world's compact header and reply line around RIR's
+    budget and rollback lines, M under RIR only, and compact user turns; still nothing hidden."""
+    from retrojax.agent.env_api import make_env
+
+    cfg = config.load("configs/sokoban_tiny.yaml", ["trial.prompt_style=compact"])
+    s = Settings(schedule=Schedule(2, 4, 2), rollback_budget=2, agent_budget=10)
+    policy = PromptOnlyPolicy(["up", "down", "left", "right"])
+    runs = []
+    for wrap in (False, True):
+        env = make_env(cfg, "sokoban-6x6-2:test")
+        try:
+            world = Scrambled(env) if wrap else env
+            runs.append(_transcript(world, policy, s, ["RIR", "RIR/react"], range(2), cfg=cfg))
+        finally:
+            env.close()
+    _assert_no_hidden_values(*runs)
+    for protocol in ("RIR", "RIR/react"):
+        first = _calls(runs[0], "execution", protocol)[0]["messages"]
+        system, user = first[0]["content"], first[-1]["content"]
+        assert system.startswith("Solve Sokoban (6x6, 2 boxes).") and "Budget: 10 replies in all" in system
+        assert "End with one tag: <action>up, left</action>" in system and "rewind" not in system
+        tool, memory = "<action>rollback</action>" in system, "<<reflection memory>>" in system
+        assert tool == memory == (protocol == "RIR")
+        assert re.fullmatch(r"C_0:\n[^\n]+(\n[^\n]+)*\nreplies 0/10 left\n\(none yet\)\n", user), user
+    review = _calls(runs[0], "review")[0]["messages"]
+    assert review[0]["content"] == REVIEW_SYSTEM  # the auxiliary roles keep their one style
 
 
 def _calls(rows: list[dict], role: str, protocol: str = "RIR") -> list[dict]:

@@ -170,8 +170,10 @@ class RIRTrial:
         tokenizer: ChatTokenizer | None,
         render: bool,
         action_style: str = "tag",
+        prompt_style: str = "full",
     ):
         self.spec, self.slot, self.env, self.variant, self.cfg = spec, slot, env, variant, settings
+        self.compact = prompt_style == "compact"  # the agent's prompts (trial.prompt_style); aux: one style
         self.sched = settings.schedule
         self.tok, self.render, self.style = tokenizer, render or tokenizer is not None, action_style
         self.world = getattr(env, "name", "env")
@@ -179,7 +181,8 @@ class RIRTrial:
         if not self.render and self.world in ("scienceworld", "alfworld"):
             self.fields = {}
         self.goal = P.goal_of(self.world, self.fields) if self.render else P.goal_of(self.world, {})
-        self.rules = P.world_rules(getattr(env, "prompt_key", self.world), self.fields) if self.render else ""
+        self.prompt_key = getattr(env, "prompt_key", self.world)
+        self.rules = P.world_rules(self.prompt_key, self.fields) if self.render else ""
         self.memory = Memory(self.goal)
         self.path: list[Node] = []
         self.turns: list[Turn] = []
@@ -360,15 +363,26 @@ class RIRTrial:
     def _system_ids(self) -> tuple[str, np.ndarray]:
         version = self.memory.version
         if self._system_cache is None or self._system_cache[0] != version:
-            text = P.agent_system(
-                world=self.world,
-                style=self.style,
-                rules=self.rules,
-                goal=self.goal,
-                agent_budget=self.cfg.agent_budget,
-                rollback_tool=self.variant.agent_trigger,
-                memory_block=self.memory.render() if self.variant.shows_memory else None,
-            )
+            memory_block = self.memory.render() if self.variant.shows_memory else None
+            if self.compact:
+                text = P.agent_system_compact(
+                    prompt_key=self.prompt_key,
+                    fields=self.fields,
+                    style=self.style,
+                    agent_budget=self.cfg.agent_budget,
+                    rollback_tool=self.variant.agent_trigger,
+                    memory_block=memory_block,
+                )
+            else:
+                text = P.agent_system(
+                    world=self.world,
+                    style=self.style,
+                    rules=self.rules,
+                    goal=self.goal,
+                    agent_budget=self.cfg.agent_budget,
+                    rollback_tool=self.variant.agent_trigger,
+                    memory_block=memory_block,
+                )
             ids = (
                 np.asarray(self.tok.encode_turn("system", text), np.int32)
                 if self.tok is not None
@@ -381,9 +395,18 @@ class RIRTrial:
         if not self.render:
             return "", [], _EMPTY_IDS
         node = self.path[-1]
-        user = P.agent_user(
-            observation=node.observation, checkpoint=self.t, calls_left=self.calls_left, note=self.note
-        )
+        if self.compact:
+            user = P.agent_user_compact(
+                observation=node.observation,
+                checkpoint=self.t,
+                calls_left=self.calls_left,
+                used=self.used,
+                note=self.note,
+            )
+        else:
+            user = P.agent_user(
+                observation=node.observation, checkpoint=self.t, calls_left=self.calls_left, note=self.note
+            )
         system, sys_ids = self._system_ids()
         messages = [{"role": "system", "content": system}]
         for turn in self.turns:

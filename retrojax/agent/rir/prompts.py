@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from retrojax.agent.prompts import get_prompts
+from retrojax.agent.prompts import COMPACT_BUDGET, get_prompts
 
 _GOALS = {
     "sokoban": "Push every box onto a target (all {boxes} boxes on targets).",
@@ -88,6 +88,43 @@ def agent_system(
     if memory_block:
         parts.append(memory_block)
     return "\n\n".join(parts)
+
+
+def agent_system_compact(
+    *,
+    prompt_key: str,
+    fields: dict[str, Any],
+    style: str,
+    agent_budget: int,
+    rollback_tool: bool,
+    memory_block: str | None,
+) -> str:
+    """The agent's system prompt in the compact style (``trial.prompt_style: compact``): the world's compact
+    header and reply-format line — what a small policy trained on ReTRAIL's compact prompts knows — around
+    RIR's own budget and rollback-tool lines (ReTRAIL's rewind rules do not apply here), then M."""
+    template = get_prompts(prompt_key, "compact").system
+    head, sep, tail = template.partition(COMPACT_BUDGET)
+    if not sep:  # a world whose compact system has no budget paragraph: its whole text, then ours
+        head, tail = template, ""
+    try:
+        head, tail = head.format(**fields), tail.format(**fields)
+    except (KeyError, IndexError, ValueError):  # no task fields (scripted runs render no prompt)
+        head, tail = head.split("{", 1)[0], tail.split("{", 1)[0]
+    lines = [head.rstrip("\n"), f"Budget: {agent_budget} replies in all, executed or not."]
+    if rollback_tool:
+        lines.append(
+            "Reply " + _EXAMPLE_FORMAT.get(style, _EXAMPLE_FORMAT["tag"]) + " if your path went wrong: a "
+            "reviewer checks it and may return you to an earlier checkpoint (memory kept)."
+        )
+    if tail.strip():
+        lines.append(tail.strip())
+    text = "\n".join(lines)
+    return f"{text}\n\n{memory_block}" if memory_block else text
+
+
+def agent_user_compact(*, observation: str, checkpoint: int, calls_left: int, used: int, note: str) -> str:
+    """The compact user turn: the checkpoint and observation, replies used/left, then the one event line."""
+    return f"C_{checkpoint}:\n{observation}\nreplies {used}/{calls_left} left\n{note or '(none yet)'}\n"
 
 
 def agent_user(*, observation: str, checkpoint: int, calls_left: int, note: str) -> str:

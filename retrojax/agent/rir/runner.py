@@ -48,6 +48,8 @@ class RIRRunner:
         self.tokenizer = tok
         self.render = tok is not None or bool(getattr(policy, "needs_text", False))
         self.action_style = getattr(env, "action_style", "tag")
+        trial_cfg = getattr(cfg, "trial", None)
+        self.prompt_style = str(getattr(trial_cfg, "prompt_style", "full"))  # the agent's prompts
         self.ticks = 0
         self._opened: tuple[int, int] | None = None
 
@@ -72,6 +74,7 @@ class RIRRunner:
                 self.tokenizer,
                 self.render,
                 self.action_style,
+                self.prompt_style,
             )
             for spec, slot in zip(specs, slots, strict=True)
         ]
