@@ -176,7 +176,8 @@ def test_no_solver_distance_reaches_any_prompt_on_sokoban():
 
 def test_compact_agent_prompts_follow_trial_prompt_style():
     """trial.prompt_style = compact: the agent sees the world's compact header and reply line around RIR's
-    budget and rollback lines, M under RIR only, and compact user turns; still nothing hidden."""
+    budget and rollback lines, M (its non-empty fields) under RIR only, and compact user turns; still
+    nothing hidden."""
     from retrojax.agent.env_api import make_env
 
     cfg = config.load("configs/sokoban_tiny.yaml", ["trial.prompt_style=compact"])
@@ -196,8 +197,12 @@ def test_compact_agent_prompts_follow_trial_prompt_style():
         system, user = first[0]["content"], first[-1]["content"]
         assert system.startswith("Solve Sokoban (6x6, 2 boxes).") and "Budget: 10 replies in all" in system
         assert "End with one tag: <action>up, left</action>" in system and "rewind" not in system
-        tool, memory = "<action>rollback</action>" in system, "<<reflection memory>>" in system
-        assert tool == memory == (protocol == "RIR")
+        assert ("<action>rollback</action>" in system) == (protocol == "RIR")
+        assert "<<reflection memory>>" not in system  # M is empty: no block in the compact style
+        later = [x["messages"][0]["content"] for x in _calls(runs[0], "execution", protocol)]
+        with_m = [x for x in later if "<<reflection memory>>" in x]
+        assert bool(with_m) == (protocol == "RIR")  # once a review added knowledge, RIR's agent sees M
+        assert all("seen: a fact" in x and "(none)" not in x for x in with_m)
         assert re.fullmatch(r"C_0:\n[^\n]+(\n[^\n]+)*\nreplies 0/10 left\n\(none yet\)\n", user), user
     review = _calls(runs[0], "review")[0]["messages"]
     assert review[0]["content"] == REVIEW_SYSTEM  # the auxiliary roles keep their one style

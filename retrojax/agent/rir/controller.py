@@ -365,6 +365,7 @@ class RIRTrial:
         if self._system_cache is None or self._system_cache[0] != version:
             memory_block = self.memory.render() if self.variant.shows_memory else None
             if self.compact:
+                memory_block = self.memory.render_compact() if self.variant.shows_memory else None
                 text = P.agent_system_compact(
                     prompt_key=self.prompt_key,
                     fields=self.fields,

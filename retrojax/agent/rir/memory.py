@@ -170,6 +170,28 @@ class Memory:
     def texts(self, channel: str) -> list[str]:
         return [e.text for e in getattr(self, channel)]
 
+    @property
+    def empty(self) -> bool:
+        """Nothing learned yet: no E entry, no H milestone, no F."""
+        return not (any(getattr(self, c) for c in CHANNELS) or self.history or self.failure)
+
+    def render_compact(self) -> str:
+        """The agent's block in the compact prompt style: only the fields that hold something, between the
+        same markers; "" while M is empty (G is already in the compact header)."""
+        if self.empty:
+            return ""
+        titles = {"obs": "seen", "elim": "ruled out", "aff": "works"}
+        lines = [BLOCK_START + " (kept across rollbacks; not your current state)"]
+        for name in CHANNELS:
+            for e in getattr(self, name):
+                mark = f"{REVERIFY}: seen at C_{e.checkpoint} on an abandoned branch] " if e.reverify else ""
+                lines.append(f"{titles[name]}: {mark}{e.text}")
+        lines += [f"tried before: {h}" for h in self.history]
+        if self.failure:
+            lines.append(f"last failure: {self.failure}")
+        lines.append(BLOCK_END)
+        return "\n".join(lines)
+
     def render(self) -> str:
         """The one block the agent (and the auxiliary roles) see."""
         lines = [
