@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 GB = 1e9
@@ -185,21 +186,37 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
     return out
 
 
-def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | None = None) -> dict[str, float]:
-    """Per-device bytes of rollouts: the sampler's weight copies, KV cache and decode-step temporaries."""
+def _layer_sharding(sharding: Any) -> Any:
+    """A stacked weight's sharding without its leading ``layers`` axis (one layer's copy)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if not isinstance(sharding, NamedSharding):
+        return None
+    return NamedSharding(sharding.mesh, PartitionSpec(*tuple(sharding.spec)[1:]))
+
+
+def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | None = None,
+                 net: bool = True) -> dict[str, float]:
+    """Per-device bytes of rollouts as the trainer's sampler runs them (compile-only): the weights it holds
+    besides the training state (the rollout-profile copy on a mesh, the per-layer decode copies of
+    ``Qwen3.layer_weights``), the KV cache, and the temporaries of its two programs at their largest
+    shapes: a prefill of every row by the largest chunk bucket against the whole cache, and the
+    whole-reply decode loop (``sampler._decode``) over the per-layer copies.
+
+    A LoRA policy decodes with its adapters applied per step (the trainer's sampler never merges them).
+    """
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
     from retrojax.model.qwen3 import KVCache
     from retrojax.parallel.shard import make_plan, param_shapes
-    from retrojax.sampler import _next_logits
+    from retrojax.sampler import _decode, _prefill
+    from retrojax.sampling.stops import pow2_at_least
 
-    # the trainer's sampler decodes a LoRA policy with the adapters applied per step (no merged copy of the
-    # base next to the training state); generate / serve decode merged weights (DECODE_MERGED)
     model = abstract_model(shapes, False, lora)
     rows = rows or shapes.inflight
-    c, dt = shapes.config, jnp.dtype(shapes.dtype)
+    c, dt, sc = shapes.config, jnp.dtype(shapes.dtype), cfg.sampler
     cache_shape = (c.num_hidden_layers, rows, shapes.max_len, c.num_key_value_heads, c.head_dim)
     multi = mesh is not None and mesh.devices.size > 1
     plan = make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict) if multi else None
@@ -207,32 +224,102 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     pure = _with_shardings(param_shapes(model), None if plan is None else plan.rollout_params)
     abstract_state = jax.tree.map(lambda x: x, state)
     nnx.replace_by_pure_dict(abstract_state, pure)
-    kw = {} if plan is None else {"sharding": plan.cache(cache_shape)}
-    leaf = jax.ShapeDtypeStruct(cache_shape, dt, **kw)
-    tok_kw = {} if plan is None else {"sharding": plan.batch((rows,))}
-    tok = jax.ShapeDtypeStruct((rows,), jnp.int32, **tok_kw)
-    compiled = _next_logits.lower(graphdef, abstract_state, KVCache(k=leaf, v=leaf), tok, tok,
-                                  window=shapes.max_len).compile()
-    layer_bytes = shard_bytes({k: v for k, v in pure["layers"].items()})
+    layers = jax.eval_shape(lambda s: nnx.merge(graphdef, s).layer_weights(), abstract_state)
+    if plan is not None:
+        stacked = nnx.merge(graphdef, abstract_state).layers.arrays()
+        layers = [{k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=_layer_sharding(stacked[k].sharding))
+                   for k, v in layer.items()} for layer in layers]
+
+    def arg(shape, dtype, sharding=None):
+        return jax.ShapeDtypeStruct(shape, dtype, **({} if sharding is None else {"sharding": sharding}))
+
+    leaf = arg(cache_shape, dt, None if plan is None else plan.cache(cache_shape))
+    cache = KVCache(k=leaf, v=leaf)
+
+    def per_row(shape, dtype):
+        return arg(shape, dtype, None if plan is None else plan.batch(shape))
+
+    width = max([b for b in sc.chunk_buckets if b <= shapes.max_len] or [min(sc.chunk_buckets)])
+    prefill = _prefill.lower(graphdef, abstract_state, cache, per_row((rows, width), jnp.int32),
+                             per_row((rows,), jnp.int32), window=shapes.max_len).compile()
+    n_strings, vocab = 2, c.vocab_size  # e.g. </action> and </remark>: automaton tables [strings, 16, V]
+    out_len = pow2_at_least(max(sc.max_new_tokens, getattr(sc, "max_reflection_tokens", 0)), 16)
+    key = jax.eval_shape(lambda: jax.random.key(0))
+    decode = _decode.lower(
+        graphdef, abstract_state, layers, cache, per_row((rows,), jnp.int32), per_row((rows,), jnp.int32),
+        per_row((rows,), jnp.int32), arg((2,), jnp.int32), arg((n_strings, 16, vocab), jnp.int16),
+        arg((n_strings,), jnp.int32), per_row((rows, n_strings), jnp.bool_), per_row((rows,), jnp.float32),
+        per_row((rows,), jnp.float32), per_row((rows,), jnp.int32), key, out_len=out_len,
+        window=shapes.max_len).compile()
+    up_prefill = hoisted_upcasts(prefill.as_text()) if net else 0
+    up_decode = hoisted_upcasts(decode.as_text()) if net else 0
     return {
         "kv": float(2 * shard_bytes([leaf])),
-        "decode_temp": float(_temp(compiled)),
+        "prefill_temp": float(_temp(prefill) - up_prefill),
+        "decode_temp": float(_temp(decode) - up_decode),
+        "prefill_upcast": float(up_prefill),
+        "decode_upcast": float(up_decode),
         # a separate copy of the whole model: the rollout profile on a mesh
         "rollout_params": float(shard_bytes(pure)) if multi else 0.0,
-        "layer_copy": float(layer_bytes),
+        "layer_copy": float(shard_bytes(pure["layers"])),
         "rows": float(rows),
     }
 
 
-def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print,
-                compare: bool = True) -> dict[str, Any]:
+_HLO_LINE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* ([\w-]+)\(([^)]*)\)")
+_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
+
+
+def hoisted_upcasts(hlo_text: str) -> int:
+    """Bytes of the float32 copies of whole 16-bit float parameters that the entry computation makes.
+
+    XLA:CPU has no 16-bit float matmul for these shapes: it converts the operands to float32, and since a
+    weight is loop-invariant the convert is hoisted out of the decode / layer loop, so a float32 shadow of
+    every weight (and of the LM head) is live for the whole loop. A bf16/f16-native device (GPU, TPU)
+    makes none of them. Counted: a convert (or a fusion of one operand: convert, bitcast, transpose) in
+    the ENTRY computation whose output is f32 with the element count of its 16-bit float parameter.
+    """
+    start = hlo_text.find("\nENTRY")
+    if start < 0:
+        return 0
+    params: dict[str, int] = {}
+    total = 0
+    for line in hlo_text[start:].splitlines()[1:]:
+        m = _HLO_LINE.match(line)
+        if m is None:
+            continue
+        name, dtype, dims, op, operands = m.groups()
+        count = math.prod(int(d) for d in dims.split(",") if d)
+        if op == "parameter" and dtype in ("f16", "bf16"):
+            params[name] = count
+        elif op in ("fusion", "convert", "copy") and dtype == "f32":
+            src = operands.strip().removeprefix("%")
+            if "," not in operands and params.get(src) == count:
+                total += count * _ITEMSIZE["f32"]
+    return total
+
+
+def _compile_shapes(shapes: Shapes, standin: bool) -> Shapes:
+    """The shapes to compile: bf16 as float16 (same bytes per element) when ``standin``."""
+    return dataclasses.replace(shapes, dtype="float16") if standin and shapes.dtype == "bfloat16" else shapes
+
+
+def _fit_rows(device_bytes: float, fixed: float, per_row: float, shards: int) -> int:
+    return int(max(0.0, device_bytes - fixed) // max(per_row, 1.0)) // shards * shards
+
+
+def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, compare: bool = True,
+                standin: bool | None = None) -> dict[str, Any]:
     """The memory plan of ``cfg`` for a device of ``device_bytes`` (see the module docstring).
 
     ``learn.remat`` true/false plans that setting (the other is shown for contrast); ``auto`` picks remat
-    off when the update fits without it, else on. ``compare`` also plans the other route (full vs LoRA).
+    off when the update fits without it, else on. ``compare`` also plans the other route (full vs LoRA)
+    and, under the float16 stand-in, XLA:CPU's own bf16 figures. ``standin`` (default: on when compiling
+    on CPU for a bf16 model) compiles bf16 as float16: XLA:CPU upcasts every bf16 op to float32 (see
+    :func:`hoisted_upcasts` and docs/lora-and-memory.md), which no bf16-native accelerator does.
     Returns flat ``plan.*`` figures; ``plan.fits`` false comes with ``plan.reason``.
     """
-    from retrojax.parallel.shard import ShardingPlan  # noqa: F401  (import check: the parallel package)
+    import jax
 
     shards = 1
     if mesh is not None and mesh.devices.size > 1:
@@ -241,38 +328,65 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print,
         rules = rules_for("train", cfg.mesh.rules)
         shards = math.prod(mesh.shape[a] for a in _axes(rules.get("batch")) if a in mesh.shape)
     shapes = shapes_from_config(cfg, shards)
+    if standin is None:
+        standin = jax.devices()[0].platform == "cpu"
+    standin = standin and shapes.dtype == "bfloat16"
+    cshapes = _compile_shapes(shapes, standin)
     lora = shapes.lora
     route = "lora" if lora is not None else "full"
     c = shapes.config
-    log(f"plan: {c.num_hidden_layers} layers × hidden {c.hidden_size} ({shapes.dtype}, {route}"
+    log(f"plan: {c.num_hidden_layers} layers × hidden {c.hidden_size} ({shapes.dtype}"
+        f"{', compiled as float16' if standin else ''}, {route}"
         f"{'' if lora is None else f' rank {lora.rank}'}), microbatch ({shapes.rows}, {shapes.length}), "
         f"sampler {shapes.inflight} rows × {shapes.max_len} slots, mesh "
         f"{'1 device' if mesh is None else dict(mesh.shape)}, device {device_bytes / GB:.1f} GB")
+    log("plan: compiling the sampler's prefill and decode")
+    samp = plan_sampler(cfg, cshapes, mesh, lora)
+    # what the trainer's sampler keeps between rollouts (its KV cache, per-layer decode copies and, on a
+    # mesh, the rollout-profile weights): resident through the update and the log-prob pass too
+    held = samp["kv"] + samp["layer_copy"] + samp["rollout_params"]
     remat_cfg = cfg.learn.remat
     variants: dict[bool, dict[str, float]] = {}
     for remat in (False, True):
         log(f"plan: compiling the update ({route}, remat {'on' if remat else 'off'})")
-        variants[remat] = plan_update(cfg, shapes, mesh, remat=remat, lora=lora, logprobs=not remat)
+        variants[remat] = plan_update(cfg, cshapes, mesh, remat=remat, lora=lora, logprobs=not remat)
     if remat_cfg == "auto":
-        chosen = not variants[False]["update"] <= device_bytes
+        chosen = not variants[False]["update"] + held <= device_bytes
     else:
         chosen = bool(remat_cfg)
     upd = variants[chosen]
-    log("plan: compiling the sampler's decode step")
-    samp = plan_sampler(cfg, shapes, mesh, lora)
+    update = upd["update"] + held
+    logprob = variants[False]["logprob"] + held
     resident = upd["params"] + upd["opt"]
-    rollout = resident + samp["rollout_params"] + samp["layer_copy"] + samp["kv"] + samp["decode_temp"]
-    logprob = variants[False]["logprob"]
-    total = max(upd["update"], rollout, logprob)
-    per_row_roll = (samp["kv"] + samp["decode_temp"]) / samp["rows"]
-    fixed_roll = rollout - samp["kv"] - samp["decode_temp"]
-    inflight_fit = int(max(0.0, device_bytes - fixed_roll) // per_row_roll) // shards * shards
+    sampler_temp = max(samp["prefill_temp"], samp["decode_temp"])
+    rollout = resident + held + sampler_temp
+    total = max(update, rollout, logprob)
+    # the largest sampler.max_inflight: linear in rows from this compile, then checked by compiling there
+    fixed_roll = rollout - samp["kv"] - sampler_temp
+    fixed_upd = max(update, logprob) - samp["kv"]
+
+    def rows_that_fit(s: dict[str, float]) -> int:
+        per_kv = s["kv"] / s["rows"]
+        return min(_fit_rows(device_bytes, fixed_roll, per_kv + max(s["prefill_temp"], s["decode_temp"])
+                             / s["rows"], shards), _fit_rows(device_bytes, fixed_upd, per_kv, shards))
+
+    inflight_fit, checked = rows_that_fit(samp), samp
+    for _ in range(3):
+        if inflight_fit < shards or inflight_fit == checked["rows"]:
+            break
+        log(f"plan: checking sampler.max_inflight {inflight_fit}")
+        checked = plan_sampler(cfg, cshapes, mesh, lora, rows=inflight_fit)
+        roll_at = fixed_roll + checked["kv"] + max(checked["prefill_temp"], checked["decode_temp"])
+        if roll_at <= device_bytes and fixed_upd + checked["kv"] <= device_bytes:
+            break
+        inflight_fit = min(inflight_fit - shards, rows_that_fit(checked))
     per_row_upd = max(upd["act"], upd["opt_step_temp"]) / upd["rows"]
-    fixed_upd = upd["update"] - max(upd["act"], upd["opt_step_temp"])
-    rows_fit = int(max(0.0, device_bytes - fixed_upd) // per_row_upd) // shards * shards
+    fixed_act = update - max(upd["act"], upd["opt_step_temp"])
+    rows_fit = _fit_rows(device_bytes, fixed_act, per_row_upd, shards)
     out: dict[str, Any] = {
         "plan.route": route,
         "plan.device_gb": device_bytes / GB,
+        "plan.compiled_dtype": cshapes.dtype,
         "plan.remat": chosen,
         "plan.remat_setting": str(remat_cfg),
         "plan.params_gb": upd["params"] / GB,
@@ -281,11 +395,14 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print,
         "plan.grads_gb": upd["grads"] / GB,
         "plan.act_gb": upd["act"] / GB,
         "plan.opt_step_temp_gb": upd["opt_step_temp"] / GB,
-        "plan.update_gb": upd["update"] / GB,
+        "plan.sampler_held_gb": held / GB,
+        "plan.update_gb": update / GB,
         "plan.logprob_act_gb": variants[False]["logprob_act"] / GB,
         "plan.logprob_gb": logprob / GB,
         "plan.kv_gb": samp["kv"] / GB,
+        "plan.prefill_temp_gb": samp["prefill_temp"] / GB,
         "plan.decode_temp_gb": samp["decode_temp"] / GB,
+        "plan.xla_cpu_upcast_gb": max(samp["prefill_upcast"], samp["decode_upcast"]) / GB,
         "plan.sampler_weights_gb": (samp["rollout_params"] + samp["layer_copy"]) / GB,
         "plan.rollout_gb": rollout / GB,
         "plan.total_gb": total / GB,
@@ -295,32 +412,40 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print,
         "plan.max_inflight_fit": inflight_fit,
         "plan.max_batch_tokens_fit": rows_fit * shapes.length,
         "plan.no_remat.act_gb": variants[False]["act"] / GB,
-        "plan.no_remat.update_gb": variants[False]["update"] / GB,
+        "plan.no_remat.update_gb": (variants[False]["update"] + held) / GB,
         "plan.remat_on.act_gb": variants[True]["act"] / GB,
-        "plan.remat_on.update_gb": variants[True]["update"] / GB,
+        "plan.remat_on.update_gb": (variants[True]["update"] + held) / GB,
     }
     if compare:
         other = _other_route(cfg, lora)
         log(f"plan: compiling the update for the other route ({'full' if lora is not None else 'lora'}, "
             f"remat {'on' if chosen else 'off'})")
-        alt = plan_update(cfg, shapes, mesh, remat=chosen, lora=other)
+        alt = plan_update(cfg, cshapes, mesh, remat=chosen, lora=other)
         name = "full" if lora is not None else "lora"
         out.update({f"plan.{name}.params_gb": alt["params"] / GB, f"plan.{name}.opt_gb": alt["opt"] / GB,
                     f"plan.{name}.grads_gb": alt["grads"] / GB, f"plan.{name}.act_gb": alt["act"] / GB,
-                    f"plan.{name}.update_gb": alt["update"] / GB})
+                    f"plan.{name}.update_gb": (alt["update"] + held) / GB})
+        if standin:
+            log("plan: compiling the update and the sampler as bf16 too (XLA:CPU's own figures)")
+            raw_u = plan_update(cfg, shapes, mesh, remat=chosen, lora=lora, logprobs=True)
+            raw_s = plan_sampler(cfg, shapes, mesh, lora, net=False)
+            out.update({"plan.xla_cpu_bf16.act_gb": raw_u["act"] / GB,
+                        "plan.xla_cpu_bf16.logprob_act_gb": raw_u["logprob_act"] / GB,
+                        "plan.xla_cpu_bf16.prefill_temp_gb": raw_s["prefill_temp"] / GB,
+                        "plan.xla_cpu_bf16.decode_temp_gb": raw_s["decode_temp"] / GB})
     reasons = []
-    if upd["update"] > device_bytes:
-        reasons.append(f"the update needs {upd['update'] / GB:.1f} GB per device (params "
+    if update > device_bytes:
+        reasons.append(f"the update needs {update / GB:.1f} GB per device (params "
                        f"{upd['params'] / GB:.1f} + AdamW {upd['opt'] / GB:.1f} + gradients "
                        f"{upd['grads'] / GB:.1f} + activations "
-                       f"{max(upd['act'], upd['opt_step_temp']) / GB:.1f}) with remat "
-                       f"{'on' if chosen else 'off'}"
-                       + ("" if chosen else f" (on: {variants[True]['update'] / GB:.1f} GB)")
+                       f"{max(upd['act'], upd['opt_step_temp']) / GB:.1f} + the sampler's held state "
+                       f"{held / GB:.1f}) with remat {'on' if chosen else 'off'}"
+                       + ("" if chosen else f" (on: {(variants[True]['update'] + held) / GB:.1f} GB)")
                        + (f"; microbatches of at most {rows_fit * shapes.length} tokens would fit"
                           if rows_fit else ""))
     if logprob > device_bytes:
         reasons.append(f"the log-prob pass needs {logprob / GB:.1f} GB per device")
-    if rollout > device_bytes:
+    if rollout > device_bytes or update > device_bytes and inflight_fit < shapes.inflight:
         reasons.append(f"rollouts need {rollout / GB:.1f} GB per device (KV cache {samp['kv'] / GB:.1f} "
                        f"GB for {shapes.inflight} rows × {shapes.max_len} slots); at most "
                        f"{inflight_fit} rows (sampler.max_inflight) fit")
