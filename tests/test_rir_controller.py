@@ -3,6 +3,7 @@ memory replacement and the agent's context after rollbacks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -338,3 +339,18 @@ def test_rollback_verdict_with_the_budget_spent_acts_as_continue():
     rec = RIRRunner(CFG, env, AlwaysRollback(), settings=s).run(make_specs([0], [0], 1, ["RIR"])).records[0]
     assert rec.success and rec.actions == 5 and rec.reviews == 5 and rec.recoveries == rec.rollbacks == 0
     assert rec.aux_calls == 5 and rec.horizons == [1.0]  # ρ = 1: L = L_min, unchanged
+
+
+def test_grouped_runs_match_one_batch_and_time_each_group():
+    """sampler.max_inflight bounds the trials run together; scripted draws are per (seed, task, replicate,
+    role), so groups give the records of one batch, and each group's protocols and wall time are kept."""
+    s = Settings(schedule=Schedule(2, 4, 2), rollback_budget=2, agent_budget=12)
+    kw = dict(task_ids=range(3), seeds=[0], trials_per_task=1, protocols=["RIR", "RIR/react"], settings=s)
+    one = run_rir(CFG, RIRRandomPolicy(rollback_prob=0.3), env=LineWorld(length=5, tasks=3), **kw)
+    grouped = run_rir(
+        CFG, RIRRandomPolicy(rollback_prob=0.3), env=LineWorld(length=5, tasks=3), batch_size=3, **kw
+    )
+    assert [g["protocols"] for g in grouped.groups] == [["RIR"], ["RIR/react"]]
+    assert [g["trials"] for g in grouped.groups] == [3, 3] and all(g["seconds"] > 0 for g in grouped.groups)
+    assert len(one.groups) == 1 and one.groups[0]["trials"] == 6
+    assert [dataclasses.asdict(r) for r in grouped.records] == [dataclasses.asdict(r) for r in one.records]

@@ -9,6 +9,7 @@ differ. :func:`run_rir` is the entry point the eval and the report use.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ class RIRBatch:
     archive: Archive  # every call (agent and auxiliary, each with its role)
     records: list[RIRRecord]
     trials: list[RIRTrial]
+    # one entry per consecutive group of specs run together: protocols, trials, wall seconds
+    groups: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 class RIRRunner:
@@ -155,9 +158,12 @@ def run_rir(
     tokenizer: Any = None,
     record_tokens: bool = False,
     settings: Settings | None = None,
-    batch_size: int = 8192,
+    batch_size: int | None = None,
 ) -> RIRBatch:
-    """Run RIR variants in paired batches and return every call and record."""
+    """Run RIR variants in paired batches and return every call and record. Specs (ordered by seed,
+    protocol, task, replicate) run in consecutive groups of ``batch_size`` trials (default
+    ``sampler.max_inflight``; 0 = all at once), which bounds a model policy's sampler rows and memory; each
+    group's protocols and wall time are in ``groups`` (a group of one protocol times that protocol)."""
     own = env is None
     env = make_env(cfg, split) if env is None else env
     try:
@@ -167,12 +173,20 @@ def run_rir(
         runner = RIRRunner(
             cfg, env, policy, settings=settings, tokenizer=tokenizer, record_tokens=record_tokens
         )
+        if batch_size is None:
+            batch_size = int(getattr(getattr(cfg, "sampler", None), "max_inflight", 0) or 0)
+        size = batch_size if batch_size > 0 else max(1, len(specs))
         out = RIRBatch(Archive(), [], [])
-        for i in range(0, len(specs), batch_size):
-            part = runner.run(specs[i : i + batch_size])
+        for i in range(0, len(specs), size):
+            group = specs[i : i + size]
+            start = time.perf_counter()
+            part = runner.run(group)
+            seconds = time.perf_counter() - start
             out.archive.extend(part.archive)
             out.records.extend(part.records)
             out.trials.extend(part.trials)
+            protocols_in = sorted({x.protocol for x in group})
+            out.groups.append({"protocols": protocols_in, "trials": len(group), "seconds": seconds})
     finally:
         if own:
             env.close()

@@ -62,6 +62,7 @@ def evaluate_rir(
             "world_errors": {str(k): v for k, v in errors.items()},
             "comparisons": metrics.comparisons(batch.records),
             "seconds_per_trial": elapsed / max(1, len(batch.records)),  # the whole paired batch's wall time
+            "groups": batch.groups,  # trials run together (sampler.max_inflight): protocols, wall seconds
         },
     }
     if cache is not None:
@@ -100,6 +101,13 @@ def format_eval(report: dict[str, Any]) -> str:
         f"wall time: {rir['seconds']:.1f} s for the paired batch, {rir['seconds_per_trial']:.2f} s per trial "
         "(run one protocol alone for its own wall time per task)"
     )
+    groups = rir.get("groups") or []
+    if len(groups) > 1:
+        for g in groups:
+            lines.append(
+                f"group of {g['trials']} trials ({', '.join(g['protocols'])}): {g['seconds']:.1f} s, "
+                f"{g['seconds'] / max(1, g['trials']):.2f} s per trial"
+            )
     cache = rir.get("agent_cache")
     if cache:
         lines.append(metrics.format_cache(cache))
