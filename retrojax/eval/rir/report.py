@@ -129,6 +129,12 @@ def _model_facts(worlds: dict[str, dict[str, Any]]) -> list[str]:
             out.append(f"| {world} | {name} | {cells} | {r['restores_refused_total']} |")
     out.append("")
     for world, data in worlds.items():
+        if len(data.get("groups") or []) > 1:  # sampler.max_inflight split the batch: wall time per group
+            out += [
+                f"- {world}: {g['trials']} trials of {', '.join(g['protocols'])} together: "
+                f"{g['seconds']:.1f} s ({g['seconds'] / max(1, g['trials']):.2f} s per trial)"
+                for g in data["groups"]
+            ]
         if data.get("agent_cache"):
             out += [f"- {world}: {metrics.format_cache(data['agent_cache'])}"]
         api = data.get("api")
@@ -211,16 +217,17 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
                     + " |"
                 )
         lines += [f"| RIR — {PAPER_NOTE} | {PAPER['RIR']['rollbacks']:.2f} (ScienceWorld) |", ""]
-        lines += ["## Oracle acceptance (paired differences, 95% intervals)", ""]
-        for world, data in worlds.items():
-            if not str(data.get("policy", "")).startswith("oracle"):
-                continue  # the acceptance bounds are the scripted oracle's; model runs: the paired section
+        oracle = {w: d for w, d in worlds.items() if str(d.get("policy", "")).startswith("oracle")}
+        if oracle:  # the acceptance bounds are the scripted oracle's; model runs: the paired section
+            lines += ["## Oracle acceptance (paired differences, 95% intervals)", ""]
+        for world, data in oracle.items():
             for key, d in data.get("acceptance", {}).items():
                 lines.append(
                     f"- {world}: {key} = {d['mean']:+.4f} [{d['lo']:+.4f}, {d['hi']:+.4f}] over "
                     f"{d['n']} pairs — lower bound {'above' if d['pass'] else 'NOT above'} 0"
                 )
-        lines.append("")
+        if oracle:
+            lines.append("")
     lines += _model_facts(worlds)
     if "when" in tables:
         lines += _variant_table("Table 3a — when to review", worlds, WHEN)
@@ -354,6 +361,7 @@ def run_world(
         "acceptance": report.get("rir", {}).get("acceptance", {}),
         "comparisons": report.get("rir", {}).get("comparisons", {}),
         "agent_cache": report.get("rir", {}).get("agent_cache"),
+        "groups": report.get("rir", {}).get("groups", []),
         "api": report.get("api"),
         "world_errors": report.get("rir", {}).get("world_errors", {}),
     }
