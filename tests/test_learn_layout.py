@@ -10,14 +10,29 @@ from flax import nnx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from retrojax.learn.layout import Trained, common_prefix, pack, terms_width, unique_tokens, unpack_logprobs
-from retrojax.model import Qwen3, Qwen3Config, token_logprobs
+from retrojax.learn.layout import (
+    Trained,
+    common_prefix,
+    pack,
+    row_capacity,
+    row_lengths,
+    terms_width,
+    unique_tokens,
+    unpack_logprobs,
+)
+from retrojax.model import Qwen3, Qwen3Config, qwen3, token_logprobs
 from retrojax.model.qwen3 import tree_attention_mask
 
 MICRO = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                     num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256)
 LENGTHS = (32, 64)
-BUDGET = 256  # tokens per microbatch: at most 4 rows of 64
+BUDGET = 256  # tokens per microbatch: one row of at most 256
+BLOCK = 16  # the tree attention's block here, so rows of up to 256 run the block-sparse path
+
+
+@pytest.fixture(autouse=True)
+def small_tree_blocks(monkeypatch):
+    monkeypatch.setattr(qwen3, "TREE_BLOCK", BLOCK)
 
 
 @st.composite
@@ -118,7 +133,8 @@ def test_pack_places_every_sequence_as_a_root_path(items, share):
             assert set(np.flatnonzero(visible[path[p]])) == set(path[: p + 1].tolist())
     for mb in packing.microbatches:
         rows, length = mb["input_ids"].shape
-        assert rows & (rows - 1) == 0 and length in LENGTHS and rows * length <= max(BUDGET, length)
+        assert rows == 1 and length in row_lengths(LENGTHS, BUDGET)
+        assert length <= row_capacity(LENGTHS, BUDGET)
         assert mb["term_node"].shape[1] in {max(1, length >> j) for j in range(4)}
     assert packing.terms == sum(it.index.size for it in items)
     if share:  # one tree per row: never more positions than the sequences' own, never fewer than distinct
@@ -135,7 +151,7 @@ def test_packed_trees_score_like_each_sequence_alone(items, share):
     lps = []
     for mb in packing.microbatches:  # padded to one shape: one compile for every example
         rows, k = mb["term_node"].shape
-        lp = _score(nnx.state(model), nnx.graphdef(model), _padded(mb, 4, LENGTHS[-1], LENGTHS[-1]))
+        lp = _score(nnx.state(model), nnx.graphdef(model), _padded(mb, 1, BUDGET, BUDGET))
         lps.append(np.asarray(lp)[:rows, :k])
     got = unpack_logprobs(packing, lps, items)
     want = _alone(model, items)

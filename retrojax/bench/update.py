@@ -23,8 +23,11 @@ For each archive A and layout L ∈ {rows, tree}: ``update.A.L.positions_per_tra
 the update processes, padding included, per trained output token), ``update.A.L.unique_token_ratio``
 (positions / distinct tokens of the archive's token tree), ``update.A.L.s`` (one whole update: every
 microbatch accumulated, one optimizer step per minibatch; after compiling every program),
-``update.A.L.programs`` (update programs compiled, one per microbatch shape) and ``update.A.speedup`` (rows s
-/ tree s). ``sft.*``:
+``update.A.L.programs`` (update programs compiled, one per microbatch shape),
+``update.A.L.attention_pairs_per_trained_token`` (query × key pairs the attention computes, whole blocks,
+per trained token: exact, from the shapes), ``update.A.speedup`` (rows s / tree s) and
+``update.A.attention_pairs_ratio`` (rows pairs / tree pairs: where attention dominates the update, as it does
+for the small demo model on CPU, the speedup follows this ratio). ``sft.*``:
 the same for SFT steps (``sft.batch_size`` examples each) on the demo's demonstrations. Figures go to stdout
 (``key: value``) and, with ``--json PATH``, to a JSON file under the same keys.
 """
@@ -185,6 +188,30 @@ def time_update(model: Any, cfg: LearnConfig, plan: Any) -> tuple[float, int]:
     return time.perf_counter() - t0, upd.traces
 
 
+def attention_pairs(arrays: dict[str, np.ndarray]) -> int:
+    """Query × key pairs the model's attention computes on one microbatch (whole blocks, padding included).
+
+    ``rows``: causal query blocks of ``CAUSAL_Q_BLOCK`` against every key up to the block's end; token
+    forests: the ``TREE_BLOCK`` block pairs ``attend_tree`` visits (a row of one block: the whole square).
+    """
+    from retrojax.model.qwen3 import CAUSAL_Q_BLOCK, TREE_BLOCK
+
+    rows, t = arrays["input_ids"].shape
+    if "tree_exit" not in arrays:
+        if t <= CAUSAL_Q_BLOCK:
+            return rows * t * t
+        return rows * sum((min(lo + CAUSAL_Q_BLOCK, t) - lo) * min(lo + CAUSAL_Q_BLOCK, t)
+                          for lo in range(0, t, CAUSAL_Q_BLOCK))
+    if t <= TREE_BLOCK:
+        return rows * t * t
+    nb = -(-t // TREE_BLOCK)
+    exits = np.pad(arrays["tree_exit"], ((0, 0), (0, nb * TREE_BLOCK - t)), constant_values=t + 1)
+    reach = exits.reshape(rows, nb, TREE_BLOCK).max(axis=(0, 2))  # one cond for the whole microbatch
+    qi, ki = np.arange(nb)[:, None], np.arange(nb)[None, :]
+    visited = (ki <= qi) & (reach[None, :] > qi * TREE_BLOCK)
+    return rows * int(visited.sum()) * TREE_BLOCK * TREE_BLOCK
+
+
 def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=print) -> dict[str, float]:
     """update.<name>.{rows,tree}.* and update.<name>.speedup for one archive."""
     from retrojax.learn.batch import build_sequences
@@ -201,14 +228,18 @@ def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=p
                             max_batch_tokens=cfg.max_batch_tokens, minibatches=cfg.minibatches,
                             chain=cfg.chain_segments, skip_zero=skip_zero, layout=layout)
         positions, trained = plan.stats["batch/padded_tokens"], plan.stats["batch/trained_tokens"]
+        pairs = sum(attention_pairs(mb.arrays) for mb in plan.microbatches)
         seconds, programs = time_update(model, cfg, plan)
         key = f"update.{name}.{layout}"
         out.update({f"{key}.positions_per_trained_token": positions / trained,
                     f"{key}.unique_token_ratio": positions / distinct, f"{key}.s": seconds,
+                    f"{key}.attention_pairs_per_trained_token": pairs / trained,
                     f"{key}.programs": float(programs), f"{key}.microbatches": float(len(plan.microbatches))})
-        log(f"{key}: {positions:.0f} positions, {trained:.0f} trained tokens, {len(plan.microbatches)} "
-            f"microbatches, {programs} programs, {seconds:.2f} s")
+        log(f"{key}: {positions:.0f} positions, {trained:.0f} trained tokens, {pairs:.3g} attention pairs, "
+            f"{len(plan.microbatches)} microbatches, {programs} programs, {seconds:.2f} s")
     out[f"update.{name}.speedup"] = out[f"update.{name}.rows.s"] / out[f"update.{name}.tree.s"]
+    pairs = [out[f"update.{name}.{lay}.attention_pairs_per_trained_token"] for lay in ("rows", "tree")]
+    out[f"update.{name}.attention_pairs_ratio"] = pairs[0] / pairs[1]
     return out
 
 

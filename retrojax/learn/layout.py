@@ -172,10 +172,6 @@ class Packing:
         return [(*mb["input_ids"].shape, mb["term_node"].shape[1]) for mb in self.microbatches]
 
 
-def _row_bucket(n: int) -> int:
-    return 1 << max(0, int(np.ceil(np.log2(max(n, 1)))))
-
-
 def _fit(n: int, lengths: Sequence[int]) -> int:
     for b in sorted(lengths):
         if n <= b:
@@ -249,27 +245,46 @@ def _arrays(rows: Sequence[_Row], n_rows: int, length: int, value_keys: Iterable
     return out
 
 
+ROW_STEPS = 16  # row lengths are the sequence buckets and the multiples of capacity / ROW_STEPS
+
+
+def row_capacity(lengths: Sequence[int], max_batch_tokens: int) -> int:
+    """Tokens of the longest token-forest row: the microbatch budget (at least the longest bucket)."""
+    return int(max(max(lengths), max_batch_tokens))
+
+
+def row_lengths(lengths: Sequence[int], max_batch_tokens: int) -> tuple[int, ...]:
+    """Every length a token-forest row may have: the sequence buckets and ``capacity · j / ROW_STEPS``.
+
+    A row is cut to the smallest of these that holds it, so a part-filled row wastes less than one step;
+    the set is fixed by the config, so a run compiles at most ``len(row_lengths) × 4`` update programs.
+    """
+    cap = row_capacity(lengths, max_batch_tokens)
+    steps = {-(-cap * j // ROW_STEPS) for j in range(1, ROW_STEPS + 1)}
+    return tuple(sorted({int(b) for b in lengths} | steps))
+
+
 def pack(items: Sequence[Trained], *, lengths: Sequence[int], max_batch_tokens: int,
          share: bool = True) -> Packing:
     """Microbatches of token-forest rows holding every item (``share=False``: the ``packed`` layout).
 
-    Rows are packed at the largest of ``lengths``; a microbatch holds the largest power of two of rows whose
-    tokens fit ``max_batch_tokens`` (at least one row); its length is the smallest of ``lengths`` that holds
-    its fullest row, and its row count is padded to a power of two with empty rows.
+    Rows are packed up to ``row_capacity`` tokens (the microbatch budget ``max_batch_tokens``, at least the
+    longest bucket), so a whole task tree usually fits one row and its prefixes are laid out once; each
+    microbatch is one row, cut to the smallest of ``row_lengths`` that holds it. The model's block-sparse
+    tree attention (``retrojax.model.qwen3.attend_tree``) skips the key blocks no query of a block can see,
+    so a long row of several trees costs each token's ancestors, not the whole causal triangle.
     """
     if not items:
         return Packing([], 0, 0, 0, 0)
     keys = list(items[0].values)
     dtypes = {k: np.asarray(items[0].values[k]).dtype for k in keys}
-    top = max(lengths)
-    rows = pack_rows(items, top, share)
-    cap = max(1, 1 << int(np.floor(np.log2(max(1, max_batch_tokens // top)))))
+    sizes = row_lengths(lengths, max_batch_tokens)
+    rows = pack_rows(items, sizes[-1], share)
     mbs, groups = [], []
-    for lo in range(0, len(rows), cap):
-        group = rows[lo:lo + cap]
-        length = _fit(max(max(r.count, r.n_terms) for r in group), lengths)
-        mbs.append(_arrays(group, _row_bucket(len(group)), length, keys, dtypes))
-        groups.append(group)
+    for r in rows:
+        length = _fit(max(r.count, r.n_terms), sizes)
+        mbs.append(_arrays([r], 1, length, keys, dtypes))
+        groups.append([r])
     return Packing(mbs, len(rows), int(sum(m["input_ids"].size for m in mbs)),
                    int(sum(r.count for r in rows)), int(sum(r.n_terms for r in rows)), groups)
 

@@ -344,24 +344,142 @@ def tree_attention_mask(tree_exit: jax.Array) -> jax.Array:
     return tree_block_mask(jnp.asarray(tree_exit, jnp.int32), 0, t, t)
 
 
-def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array) -> jax.Array:
+TREE_BLOCK = 128  # query and key rows per block of the token-forest attention
+
+
+def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array,
+                block: int | None = None) -> jax.Array:
     """``attend`` where each token sees exactly its ancestors in a DFS-ordered token forest.
 
     tree_exit: int32 [B, T], the end of each token's subtree (see ``tree_block_mask``); a packed row of
-    independent sequences is the special case of chains (every token's exit = its sequence's end). Query
-    blocks of ``CAUSAL_Q_BLOCK`` rows attend keys up to the block's last row (ancestors precede their
-    descendants), each block's mask is computed from ``tree_exit`` inside the rematerialized block.
+    independent sequences is the special case of chains (every token's exit = its sequence's end).
+
+    Block-sparse: rows are cut into blocks of ``block`` (default ``TREE_BLOCK``) tokens and a query block
+    visits a key block only when some key of it is visible to some query of the block (the key block does
+    not lie after the query block and its largest ``tree_exit`` passes the query block's start), so a long
+    row of many trees, or of a prompt with many chains below it, costs each token's ancestors rather than
+    the whole causal triangle. Flash-style: an online softmax over the visited blocks (exact up to float
+    rounding), and a custom backward that recomputes one block pair's scores at a time from the saved
+    per-query log-sum-exp, so nothing of size [T, T] is ever held. A query that sees no key (an all-zero
+    padding row) gets zeros.
     """
-    t = q.shape[1]
-    outs = []
-    for lo in range(0, t, CAUSAL_Q_BLOCK):
-        hi = min(lo + CAUSAL_Q_BLOCK, t)
+    b, t, n, d = q.shape
+    blk = int(block or TREE_BLOCK)
+    tree_exit = jnp.asarray(tree_exit, jnp.int32)
+    if t <= blk:
+        return _attend_dense(q, k, v, tree_block_mask(tree_exit, 0, t, t))
+    nb = -(-t // blk)
+    pad = nb * blk - t
+    if pad:
+        widths = ((0, 0), (0, pad), (0, 0), (0, 0))
+        q, k, v = jnp.pad(q, widths), jnp.pad(k, widths), jnp.pad(v, widths)
+        tail = jnp.broadcast_to(jnp.arange(t + 1, t + pad + 1, dtype=jnp.int32), (b, pad))
+        tree_exit = jnp.concatenate([tree_exit, tail], axis=1)  # padding sees only itself
+    kvh = k.shape[2]
+    qs = q.reshape(b, nb, blk, kvh, n // kvh, d).swapaxes(0, 1)  # [nb, B, blk, KVH, G, D]
+    ks = k.reshape(b, nb, blk, kvh, d).swapaxes(0, 1)  # [nb, B, blk, KVH, D]
+    vs = v.reshape(b, nb, blk, kvh, d).swapaxes(0, 1)
+    es = tree_exit.reshape(b, nb, blk).swapaxes(0, 1)  # [nb, B, blk]
+    out = _tree_flash(qs, ks, vs, es)  # [nb, B, KVH, G, blk, D]
+    out = jnp.moveaxis(out, 4, 2).reshape(nb, b, blk, n, d).swapaxes(0, 1)
+    return out.reshape(b, nb * blk, n, d)[:, :t].astype(q.dtype)
 
-        def block(qb, kb, vb, eb, lo=lo, hi=hi):
-            return _attend_dense(qb, kb, vb, tree_block_mask(eb, lo, hi, hi))
 
-        outs.append(jax.checkpoint(block)(q[:, lo:hi], k[:, :hi], v[:, :hi], tree_exit[:, :hi]))
-    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
+def _block_geometry(qs: jax.Array, es: jax.Array):
+    """Block indices, in-block offsets and, per key block, the index no query of which it reaches."""
+    nb, blk = qs.shape[0], qs.shape[2]
+    return (jnp.arange(nb, dtype=jnp.int32), jnp.arange(blk, dtype=jnp.int32), es.max(axis=(1, 2)),
+            qs.shape[-1] ** -0.5)
+
+
+def _pair_mask(qi, ki, eb, offsets):
+    """[B, 1, 1, blk q, blk k]: query qi·blk + a sees key ki·blk + c (an ancestor-or-self)."""
+    blk = offsets.shape[0]
+    rows, cols = qi * blk + offsets, ki * blk + offsets
+    mask = (cols[None, None, :] <= rows[None, :, None]) & (rows[None, :, None] < eb[:, None, :])
+    return mask[:, None, None]
+
+
+def _needed(qi, ki, reach, offsets):
+    return (ki <= qi) & (reach > qi * offsets.shape[0])
+
+
+def _tree_flash_fwd(qs, ks, vs, es):
+    ids, offsets, reach, scale = _block_geometry(qs, es)
+    _, b, blk, kvh, g, d = qs.shape
+
+    def query_block(_, args):
+        qi, qb = args
+
+        def visit(carry, kb, vb, eb, ki):
+            m, denom, acc = carry  # [B, KVH, G, blk] ×2, [B, KVH, G, blk, D]
+            s = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale
+            mask = _pair_mask(qi, ki, eb, offsets)
+            s = jnp.where(mask, s, _NEG)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+            corr = jnp.exp(m - m_new)
+            pv = jnp.einsum("bkgqs,bskd->bkgqd", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
+            return m_new, denom * corr + p.sum(-1), acc * corr[..., None] + pv
+
+        def step(carry, x):
+            ki, kb, vb, eb, r = x
+            return jax.lax.cond(_needed(qi, ki, r, offsets), lambda c: visit(c, kb, vb, eb, ki),
+                                lambda c: c, carry), None
+
+        init = (jnp.full((b, kvh, g, blk), _NEG, jnp.float32), jnp.zeros((b, kvh, g, blk), jnp.float32),
+                jnp.zeros((b, kvh, g, blk, d), jnp.float32))
+        (m, denom, acc), _ = jax.lax.scan(step, init, (ids, ks, vs, es, reach))
+        seen = denom > 0
+        out = acc / jnp.where(seen, denom, 1.0)[..., None]
+        lse = jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), 0.0)
+        return None, (out, lse)
+
+    _, (out, lse) = jax.lax.scan(query_block, None, (ids, qs))
+    return out, (qs, ks, vs, es, out, lse)
+
+
+def _tree_flash_bwd(res, dout):
+    qs, ks, vs, es, out, lse = res
+    ids, offsets, reach, scale = _block_geometry(qs, es)
+    delta = jnp.sum(dout.astype(jnp.float32) * out, axis=-1)  # [nb, B, KVH, G, blk]
+
+    def query_block(carry, args):
+        dk, dv = carry  # [nb, B, blk, KVH, D] fp32
+        qi, qb, dob, lseb, deltab = args
+
+        def visit(dq, kb, vb, eb, ki):
+            s = jnp.einsum("bqkgd,bskd->bkgqs", qb, kb, preferred_element_type=jnp.float32) * scale
+            p = jnp.where(_pair_mask(qi, ki, eb, offsets), jnp.exp(s - lseb[..., None]), 0.0)
+            dvb = jnp.einsum("bkgqs,bkgqd->bskd", p, dob, preferred_element_type=jnp.float32)
+            dp = jnp.einsum("bkgqd,bskd->bkgqs", dob, vb, preferred_element_type=jnp.float32)
+            ds = p * (dp - deltab[..., None]) * scale
+            dq = dq + jnp.einsum("bkgqs,bskd->bqkgd", ds, kb, preferred_element_type=jnp.float32)
+            dkb = jnp.einsum("bkgqs,bqkgd->bskd", ds, qb, preferred_element_type=jnp.float32)
+            return dq, (dkb, dvb)
+
+        def step(dq, x):
+            ki, kb, vb, eb, r = x
+            zero = jnp.zeros(kb.shape, jnp.float32)
+            return jax.lax.cond(_needed(qi, ki, r, offsets), lambda c: visit(c, kb, vb, eb, ki),
+                                lambda c: (c, (zero, zero)), dq)
+
+        dq, (dks, dvs) = jax.lax.scan(step, jnp.zeros(qb.shape, jnp.float32), (ids, ks, vs, es, reach))
+        return (dk + dks, dv + dvs), dq
+
+    zeros = jnp.zeros(ks.shape, jnp.float32)
+    (dk, dv), dq = jax.lax.scan(query_block, (zeros, zeros), (ids, qs, dout.astype(jnp.float32), lse, delta))
+    return dq.astype(qs.dtype), dk.astype(ks.dtype), dv.astype(vs.dtype), None
+
+
+@jax.custom_vjp
+def _tree_flash(qs, ks, vs, es):
+    """Blocked tree attention: qs [nb, B, blk, KVH, G, D], ks/vs [nb, B, blk, KVH, D], es [nb, B, blk]
+    → [nb, B, KVH, G, blk, D] (float32)."""
+    return _tree_flash_fwd(qs, ks, vs, es)[0]
+
+
+_tree_flash.defvjp(_tree_flash_fwd, _tree_flash_bwd)
 
 
 def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
