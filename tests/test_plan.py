@@ -44,3 +44,41 @@ def test_sizes_and_remat_settings():
     assert resolve_remat(load(None, ["learn.remat=true"])) is True
     assert resolve_remat(load(None, ["learn.remat=false"])) is False
     assert resolve_remat(load(None)) is False  # auto: the tiny default fits any host without remat
+
+
+def test_hoisted_upcasts_counts_f32_copies_of_16_bit_weights():
+    """XLA:CPU converts a bf16 weight used by a dot inside a loop to f32 once, outside the loop; an f32
+    weight needs no copy. The count is the f32 size of the weight."""
+    import jax
+    import jax.numpy as jnp
+
+    from retrojax.plan.memory import hoisted_upcasts
+
+    def loop(w, x):
+        return jax.lax.fori_loop(0, 4, lambda i, h: jnp.tanh(h @ w).astype(h.dtype), x)
+
+    for dtype, want in ((jnp.bfloat16, 256 * 256 * 4), (jnp.float32, 0)):
+        w = jax.ShapeDtypeStruct((256, 256), dtype)
+        x = jax.ShapeDtypeStruct((2, 256), dtype)
+        text = jax.jit(loop).lower(w, x).compile().as_text()
+        if jax.devices()[0].platform == "cpu":
+            assert hoisted_upcasts(text) == want
+    assert hoisted_upcasts("no entry computation") == 0
+
+
+def test_bf16_plan_compiles_as_float16_and_counts_the_held_sampler(tmp_path):
+    """A bf16 model on XLA:CPU is compiled as float16 (same bytes), and the sampler's KV cache and layer
+    copies (kept by the trainer between rollouts) count in the update phase."""
+    from retrojax.plan.memory import GB, plan_memory, sampler_held_bytes, shapes_from_config
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(TINY.replace("preset: tiny}", "preset: tiny, dtype: bfloat16}"))
+    c = load(str(cfg))
+    fig = plan_memory(c, 2e9, log=lambda s: None, compare=False)
+    assert fig["plan.compiled_dtype"] == "float16" and fig["plan.fits"] is True
+    shapes = shapes_from_config(c)
+    held = sampler_held_bytes(c, shapes, None, shapes.lora) / GB
+    assert held > 0 and abs(fig["plan.sampler_held_gb"] - held) < 1e-9
+    assert abs(fig["plan.kv_gb"] + fig["plan.sampler_weights_gb"] - held) < 1e-9
+    assert fig["plan.update_gb"] >= fig["plan.params_gb"] + held
+    assert fig["plan.total_gb"] == max(fig["plan.update_gb"], fig["plan.rollout_gb"], fig["plan.logprob_gb"])

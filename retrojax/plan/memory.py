@@ -186,6 +186,26 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
     return out
 
 
+def sampler_held_bytes(cfg: Any, shapes: Shapes, mesh: Any, lora: Any = None) -> float:
+    """Per-device bytes the trainer's sampler keeps between rollouts, from shapes alone (no compile): its
+    KV cache, its per-layer decode copies of the weights and, on a mesh, the rollout-profile weights. The
+    trainer's collect keeps the sampler (and these) alive through the update and the log-prob pass."""
+    import jax
+    import jax.numpy as jnp
+
+    from retrojax.parallel.shard import make_plan, param_shapes
+
+    model = abstract_model(shapes, False, lora)
+    c = shapes.config
+    cache_shape = (c.num_hidden_layers, shapes.inflight, shapes.max_len, c.num_key_value_heads, c.head_dim)
+    multi = mesh is not None and mesh.devices.size > 1
+    plan = make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict) if multi else None
+    pure = _with_shardings(param_shapes(model), None if plan is None else plan.rollout_params)
+    leaf = jax.ShapeDtypeStruct(cache_shape, jnp.dtype(shapes.dtype),
+                                **({} if plan is None else {"sharding": plan.cache(cache_shape)}))
+    return float(2 * shard_bytes([leaf]) + shard_bytes(pure["layers"]) + (shard_bytes(pure) if multi else 0))
+
+
 def _layer_sharding(sharding: Any) -> Any:
     """A stacked weight's sharding without its leading ``layers`` axis (one layer's copy)."""
     from jax.sharding import NamedSharding, PartitionSpec
@@ -226,7 +246,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     nnx.replace_by_pure_dict(abstract_state, pure)
     layers = jax.eval_shape(lambda s: nnx.merge(graphdef, s).layer_weights(), abstract_state)
     if plan is not None:
-        stacked = nnx.merge(graphdef, abstract_state).layers.arrays()
+        stacked = pure["layers"]
         layers = [{k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=_layer_sharding(stacked[k].sharding))
                    for k, v in layer.items()} for layer in layers]
 

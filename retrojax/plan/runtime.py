@@ -60,7 +60,7 @@ def resolve_remat(cfg: Any, log=None) -> bool:
     if budget is None or _rough_update_bytes(cfg) <= 0.5 * budget:
         return False
     from retrojax.model.build import _mesh
-    from retrojax.plan.memory import plan_update
+    from retrojax.plan.memory import plan_update, sampler_held_bytes
 
     mesh = _mesh(cfg)
     shards = 1
@@ -71,14 +71,16 @@ def resolve_remat(cfg: Any, log=None) -> bool:
         shards = math.prod(mesh.shape[a] for a in _axes(rules.get("batch")) if a in mesh.shape)
     shapes = shapes_from_config(cfg, shards)
     found = plan_update(cfg, shapes, mesh, remat=False, lora=shapes.lora)
-    remat = found["update"] > budget
+    held = sampler_held_bytes(cfg, shapes, mesh, shapes.lora)  # the sampler's cache etc. stay resident
+    remat = found["update"] + held > budget
     LAST_PLAN.clear()
-    LAST_PLAN.update({"plan.no_remat.update_gb": found["update"] / GB,
-                      "plan.no_remat.act_gb": found["act"] / GB, "plan.device_gb": budget / GB,
-                      "plan.remat": remat})
+    LAST_PLAN.update({"plan.no_remat.update_gb": (found["update"] + held) / GB,
+                      "plan.no_remat.act_gb": found["act"] / GB, "plan.sampler_held_gb": held / GB,
+                      "plan.device_gb": budget / GB, "plan.remat": remat})
     if log is not None:
-        log(f"learn.remat auto: the update without remat needs {found['update'] / GB:.2f} GB per device of "
-            f"{budget / GB:.1f} GB -> remat {'on' if remat else 'off'}")
+        log(f"learn.remat auto: the update without remat needs {(found['update'] + held) / GB:.2f} GB per "
+            f"device (with the sampler's {held / GB:.2f} GB held) of {budget / GB:.1f} GB -> remat "
+            f"{'on' if remat else 'off'}")
     return remat
 
 
