@@ -7,14 +7,21 @@ arguments (with their shardings):
 - the update's gradient step (one microbatch of ``rows × length``) and its optimizer step, with and
   without layer rematerialization → activations (``memory_analysis().temp_size_in_bytes``);
 - the log-prob pass (old/reference log-probs) at the same shape;
-- the sampler's one-token decode step at ``sampler.max_inflight`` rows of ``sampler.max_len`` slots.
+- the sampler's two programs as the trainer runs them: a prefill of every row by the largest chunk
+  bucket against the whole cache, and the whole-reply decode loop over per-layer weight copies.
 
-Parameters, gradients (the accumulator), AdamW state and the KV cache are counted from their per-device
-shard shapes. A phase's total is what lives on a device while it runs: the update = params + AdamW +
-gradients + max(gradient-step, optimizer-step temporaries); the log-prob pass = params + AdamW + its
-temporaries; rollouts = params + AdamW (still resident) + the sampler's copy of each layer's weights (and
-on a mesh the rollout-profile copy) + KV cache + decode temporaries. The largest ``sampler.max_inflight``
-and microbatch token budget that fit are extrapolated linearly in rows from the compiled figures.
+Parameters, gradients (the accumulator), AdamW state, the KV cache and the sampler's weight copies are
+counted from their per-device shard shapes. A phase's total is what lives on a device while it runs; the
+trainer keeps its sampler between rollouts, so the sampler's KV cache and weight copies (its held state)
+count in every phase: the update = params + AdamW + gradients + max(gradient-step, optimizer-step
+temporaries) + held; the log-prob pass = params + AdamW + its temporaries + held; rollouts = params + AdamW
++ held + max(prefill, decode temporaries). The largest ``sampler.max_inflight`` is extrapolated in rows and
+checked by a second compile; the microbatch token budget is extrapolated in rows.
+
+On XLA:CPU a bf16 model is compiled as float16 (same bytes per element): XLA:CPU rewrites bf16 ops to
+float32 and so reports float32 copies of the weights and of the KV cache that no bf16-native accelerator
+makes; the float32 copies it still makes of whole 16-bit weights for its matmuls are subtracted from the
+sampler's figures (:func:`hoisted_upcasts`). docs/lora-and-memory.md shows where the bytes went.
 """
 
 from __future__ import annotations
