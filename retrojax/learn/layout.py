@@ -20,9 +20,10 @@ the terms pay for the LM head.
 Packing (host numpy): a row's sequences are inserted in lexicographic order of their input tokens, so the
 longest prefix a new sequence shares with a row is the one it shares with the row's last sequence, a new
 sequence adds ``len - lcp`` nodes, and creation order is DFS preorder. Each sequence goes to the open row
-where it adds the fewest nodes (ties: the fullest), or opens a new row; rows of one microbatch all have the
-length ``L`` (from ``lengths``), the row count is a power of two and K is ``L >> j`` for ``j ∈ 0..3``, so a
-run compiles a bounded number of update programs.
+where it adds the fewest nodes (ties: the fullest), or opens a new row. Rows hold up to the microbatch
+budget, so a task's whole tree usually fits one; each microbatch is one row cut to a length from the fixed
+set ``row_lengths`` and K is ``L >> j`` for ``j ∈ 0..3``, so a run compiles a bounded number of update
+programs. The model's attention skips the blocks of a long row that no query of a block can see.
 """
 
 from __future__ import annotations
