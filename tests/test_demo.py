@@ -56,7 +56,8 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     point = summary["curve"][0]
     cfg = config.load("configs/demo.yaml")
     steps_per_update = cfg.learn.epochs * cfg.learn.minibatches  # one AdamW step per minibatch per epoch
-    assert 0.0 <= point["diag/mixed_groups"] <= 1.0 and point["train/optimizer_steps"] in (0.0, steps_per_update)
+    assert 0.0 <= point["diag/mixed_groups"] <= 1.0
+    assert point["train/optimizer_steps"] in (0.0, steps_per_update)
     assert {tuple(x[:3]) for x in summary["heldout_trials"]["SFT"]} == {
         tuple(x[:3]) for x in summary["heldout_trials"]["RL"]}  # paired: same levels, seeds, protocols
 
