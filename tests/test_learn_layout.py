@@ -33,6 +33,7 @@ BLOCK = 16  # the tree attention's block here, so rows of up to 256 run the bloc
 @pytest.fixture(autouse=True)
 def small_tree_blocks(monkeypatch):
     monkeypatch.setattr(qwen3, "TREE_BLOCK", BLOCK)
+    monkeypatch.setattr(qwen3, "TREE_SPARSE_FROM", 2 * BLOCK)  # long rows (up to 256) run block-sparse
 
 
 @st.composite
@@ -120,9 +121,9 @@ def _node_paths(packing, items):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(items=prefix_trees(), share=st.booleans())
-def test_pack_places_every_sequence_as_a_root_path(items, share):
-    packing = pack(items, lengths=LENGTHS, max_batch_tokens=BUDGET, share=share)
+@given(items=prefix_trees(), share=st.booleans(), long_rows=st.booleans())
+def test_pack_places_every_sequence_as_a_root_path(items, share, long_rows):
+    packing = pack(items, lengths=LENGTHS, max_batch_tokens=BUDGET, share=share, long_rows=long_rows)
     for (m, j, path), it in zip(_node_paths(packing, items), items, strict=True):
         mb = packing.microbatches[m]
         x = it.inputs
@@ -133,8 +134,11 @@ def test_pack_places_every_sequence_as_a_root_path(items, share):
             assert set(np.flatnonzero(visible[path[p]])) == set(path[: p + 1].tolist())
     for mb in packing.microbatches:
         rows, length = mb["input_ids"].shape
-        assert rows == 1 and length in row_lengths(LENGTHS, BUDGET)
-        assert length <= row_capacity(LENGTHS, BUDGET)
+        if long_rows:
+            assert rows == 1 and length in row_lengths(LENGTHS, BUDGET)
+            assert length <= row_capacity(LENGTHS, BUDGET)
+        else:
+            assert rows & (rows - 1) == 0 and length in LENGTHS and rows * length <= max(BUDGET, length)
         assert mb["term_node"].shape[1] in {max(1, length >> j) for j in range(4)}
     assert packing.terms == sum(it.index.size for it in items)
     if share:  # one tree per row: never more positions than the sequences' own, never fewer than distinct
@@ -144,14 +148,15 @@ def test_pack_places_every_sequence_as_a_root_path(items, share):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(items=prefix_trees(), share=st.booleans())
-def test_packed_trees_score_like_each_sequence_alone(items, share):
+@given(items=prefix_trees(), share=st.booleans(), long_rows=st.booleans())
+def test_packed_trees_score_like_each_sequence_alone(items, share, long_rows):
     model = _model()
-    packing = pack(items, lengths=LENGTHS, max_batch_tokens=BUDGET, share=share)
+    packing = pack(items, lengths=LENGTHS, max_batch_tokens=BUDGET, share=share, long_rows=long_rows)
+    shape = (1, BUDGET) if long_rows else (4, LENGTHS[-1])  # one compile per kind of row
     lps = []
     for mb in packing.microbatches:  # padded to one shape: one compile for every example
         rows, k = mb["term_node"].shape
-        lp = _score(nnx.state(model), nnx.graphdef(model), _padded(mb, 1, BUDGET, BUDGET))
+        lp = _score(nnx.state(model), nnx.graphdef(model), _padded(mb, *shape, shape[1]))
         lps.append(np.asarray(lp)[:rows, :k])
     got = unpack_logprobs(packing, lps, items)
     want = _alone(model, items)

@@ -19,7 +19,7 @@ def _forest(seed: int, n: int = 10, vocab: int = 4) -> jnp.ndarray:
         base = seqs[int(rng.integers(len(seqs)))][: int(rng.integers(0, 40))] if seqs else np.zeros(0, int)
         seqs.append(np.concatenate([base, rng.integers(0, vocab, int(rng.integers(2, 40)))]).astype(np.int32))
     items = [Trained(s, np.arange(1, s.size), {"w": np.ones(s.size - 1, np.float32)}) for s in seqs]
-    (mb,) = pack(items, lengths=(64,), max_batch_tokens=512).microbatches
+    (mb,) = pack(items, lengths=(64,), max_batch_tokens=512, long_rows=True).microbatches
     return jnp.asarray(mb["tree_exit"])
 
 

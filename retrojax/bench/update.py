@@ -191,10 +191,11 @@ def time_update(model: Any, cfg: LearnConfig, plan: Any) -> tuple[float, int]:
 def attention_pairs(arrays: dict[str, np.ndarray]) -> int:
     """Query × key pairs the model's attention computes on one microbatch (whole blocks, padding included).
 
-    ``rows``: causal query blocks of ``CAUSAL_Q_BLOCK`` against every key up to the block's end; token
-    forests: the ``TREE_BLOCK`` block pairs ``attend_tree`` visits (a row of one block: the whole square).
+    ``rows`` and token forests of rows up to ``TREE_SPARSE_FROM``: causal query blocks of ``CAUSAL_Q_BLOCK``
+    against every key up to the block's end; longer token-forest rows: the ``TREE_BLOCK`` block pairs the
+    block-sparse ``attend_tree`` visits.
     """
-    from retrojax.model.qwen3 import CAUSAL_Q_BLOCK, TREE_BLOCK
+    from retrojax.model.qwen3 import CAUSAL_Q_BLOCK, TREE_BLOCK, TREE_SPARSE_FROM
 
     rows, t = arrays["input_ids"].shape
     if "tree_exit" not in arrays:
@@ -202,8 +203,8 @@ def attention_pairs(arrays: dict[str, np.ndarray]) -> int:
             return rows * t * t
         return rows * sum((min(lo + CAUSAL_Q_BLOCK, t) - lo) * min(lo + CAUSAL_Q_BLOCK, t)
                           for lo in range(0, t, CAUSAL_Q_BLOCK))
-    if t <= TREE_BLOCK:
-        return rows * t * t
+    if t <= TREE_SPARSE_FROM:  # dense causal blocks, as rows (see ``attend_tree``)
+        return attention_pairs({"input_ids": arrays["input_ids"]})
     nb = -(-t // TREE_BLOCK)
     exits = np.pad(arrays["tree_exit"], ((0, 0), (0, nb * TREE_BLOCK - t)), constant_values=t + 1)
     reach = exits.reshape(rows, nb, TREE_BLOCK).max(axis=(0, 2))  # one cond for the whole microbatch
@@ -223,10 +224,16 @@ def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=p
                               chain=cfg.chain_segments, skip_zero=skip_zero)
     distinct = unique_tokens([from_sequence(s) for s in seqs])
     out: dict[str, float] = {f"update.{name}.distinct_tokens": float(distinct)}
-    for layout in ("rows", "tree"):
-        plan = plan_batches(archive, adv, lambda_ref=cfg.lambda_ref, seq_buckets=cfg.seq_buckets,
-                            max_batch_tokens=cfg.max_batch_tokens, minibatches=cfg.minibatches,
-                            chain=cfg.chain_segments, skip_zero=skip_zero, layout=layout)
+    from retrojax.learn import layout as layout_module
+
+    for layout in ("rows", "tree", "tree_long"):  # tree_long: tree with layout.pack(long_rows=True)
+        layout_module.LONG_ROWS = layout == "tree_long"
+        try:
+            plan = plan_batches(archive, adv, lambda_ref=cfg.lambda_ref, seq_buckets=cfg.seq_buckets,
+                                max_batch_tokens=cfg.max_batch_tokens, minibatches=cfg.minibatches,
+                                chain=cfg.chain_segments, skip_zero=skip_zero, layout=layout[:4])
+        finally:
+            layout_module.LONG_ROWS = False
         positions, trained = plan.stats["batch/padded_tokens"], plan.stats["batch/trained_tokens"]
         pairs = sum(attention_pairs(mb.arrays) for mb in plan.microbatches)
         seconds, programs = time_update(model, cfg, plan)
@@ -238,8 +245,11 @@ def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=p
         log(f"{key}: {positions:.0f} positions, {trained:.0f} trained tokens, {pairs:.3g} attention pairs, "
             f"{len(plan.microbatches)} microbatches, {programs} programs, {seconds:.2f} s")
     out[f"update.{name}.speedup"] = out[f"update.{name}.rows.s"] / out[f"update.{name}.tree.s"]
-    pairs = [out[f"update.{name}.{lay}.attention_pairs_per_trained_token"] for lay in ("rows", "tree")]
+    out[f"update.{name}.speedup_long"] = out[f"update.{name}.rows.s"] / out[f"update.{name}.tree_long.s"]
+    pairs = [out[f"update.{name}.{lay}.attention_pairs_per_trained_token"]
+             for lay in ("rows", "tree", "tree_long")]
     out[f"update.{name}.attention_pairs_ratio"] = pairs[0] / pairs[1]
+    out[f"update.{name}.attention_pairs_ratio_long"] = pairs[0] / pairs[2]
     return out
 
 

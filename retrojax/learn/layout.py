@@ -20,10 +20,10 @@ the terms pay for the LM head.
 Packing (host numpy): a row's sequences are inserted in lexicographic order of their input tokens, so the
 longest prefix a new sequence shares with a row is the one it shares with the row's last sequence, a new
 sequence adds ``len - lcp`` nodes, and creation order is DFS preorder. Each sequence goes to the open row
-where it adds the fewest nodes (ties: the fullest), or opens a new row. Rows hold up to the microbatch
-budget, so a task's whole tree usually fits one; each microbatch is one row cut to a length from the fixed
-set ``row_lengths`` and K is ``L >> j`` for ``j ∈ 0..3``, so a run compiles a bounded number of update
-programs. The model's attention skips the blocks of a long row that no query of a block can see.
+where it adds the fewest nodes (ties: the fullest), or opens a new row; rows of one microbatch all have the
+length ``L`` (from ``lengths``), the row count is a power of two and K is ``L >> j`` for ``j ∈ 0..3``, so a
+run compiles a bounded number of update programs. ``long_rows``: rows of up to the microbatch budget, one per
+microbatch, with the block-sparse attention (see ``pack``).
 """
 
 from __future__ import annotations
@@ -173,6 +173,10 @@ class Packing:
         return [(*mb["input_ids"].shape, mb["term_node"].shape[1]) for mb in self.microbatches]
 
 
+def _row_bucket(n: int) -> int:
+    return 1 << max(0, int(np.ceil(np.log2(max(n, 1)))))
+
+
 def _fit(n: int, lengths: Sequence[int]) -> int:
     for b in sorted(lengths):
         if n <= b:
@@ -265,27 +269,43 @@ def row_lengths(lengths: Sequence[int], max_batch_tokens: int) -> tuple[int, ...
     return tuple(sorted({int(b) for b in lengths} | steps))
 
 
+LONG_ROWS = False  # default of ``pack(long_rows=...)``: see there
+
+
 def pack(items: Sequence[Trained], *, lengths: Sequence[int], max_batch_tokens: int,
-         share: bool = True) -> Packing:
+         share: bool = True, long_rows: bool | None = None) -> Packing:
     """Microbatches of token-forest rows holding every item (``share=False``: the ``packed`` layout).
 
-    Rows are packed up to ``row_capacity`` tokens (the microbatch budget ``max_batch_tokens``, at least the
-    longest bucket), so a whole task tree usually fits one row and its prefixes are laid out once; each
-    microbatch is one row, cut to the smallest of ``row_lengths`` that holds it. The model's block-sparse
-    tree attention (``retrojax.model.qwen3.attend_tree``) skips the key blocks no query of a block can see,
-    so a long row of several trees costs each token's ancestors, not the whole causal triangle.
+    Bucket rows (default): rows are packed at the largest of ``lengths``; a microbatch holds the largest power
+    of two of rows whose tokens fit ``max_batch_tokens`` (at least one row); its length is the smallest of
+    ``lengths`` that holds its fullest row, and its row count is padded to a power of two with empty rows.
+
+    ``long_rows`` (default ``LONG_ROWS``): rows are packed up to ``row_capacity`` tokens (the microbatch
+    budget), so a whole task tree usually fits one row and its prefixes are laid out once; each microbatch is
+    one row, cut to the smallest of ``row_lengths`` that holds it. Rows longer than
+    ``qwen3.TREE_SPARSE_FROM`` run the block-sparse attention, which skips the key blocks no query of a block
+    can see: fewer positions and attention pairs, but on CPU its per-pair cost is ~3× the dense blocks' (see
+    docs/learner-layout.md), so it is not the default.
     """
     if not items:
         return Packing([], 0, 0, 0, 0)
     keys = list(items[0].values)
     dtypes = {k: np.asarray(items[0].values[k]).dtype for k in keys}
-    sizes = row_lengths(lengths, max_batch_tokens)
-    rows = pack_rows(items, sizes[-1], share)
-    mbs, groups = [], []
-    for r in rows:
-        length = _fit(max(r.count, r.n_terms), sizes)
-        mbs.append(_arrays([r], 1, length, keys, dtypes))
-        groups.append([r])
+    if LONG_ROWS if long_rows is None else long_rows:
+        sizes = row_lengths(lengths, max_batch_tokens)
+        rows = pack_rows(items, sizes[-1], share)
+        groups = [[r] for r in rows]
+        mbs = [_arrays([r], 1, _fit(max(r.count, r.n_terms), sizes), keys, dtypes) for r in rows]
+    else:
+        top = max(lengths)
+        rows = pack_rows(items, top, share)
+        cap = max(1, 1 << int(np.floor(np.log2(max(1, max_batch_tokens // top)))))
+        mbs, groups = [], []
+        for lo in range(0, len(rows), cap):
+            group = rows[lo:lo + cap]
+            length = _fit(max(max(r.count, r.n_terms) for r in group), lengths)
+            mbs.append(_arrays(group, _row_bucket(len(group)), length, keys, dtypes))
+            groups.append(group)
     return Packing(mbs, len(rows), int(sum(m["input_ids"].size for m in mbs)),
                    int(sum(r.count for r in rows)), int(sum(r.n_terms for r in rows)), groups)
 

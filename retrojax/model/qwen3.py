@@ -344,7 +344,8 @@ def tree_attention_mask(tree_exit: jax.Array) -> jax.Array:
     return tree_block_mask(jnp.asarray(tree_exit, jnp.int32), 0, t, t)
 
 
-TREE_BLOCK = 128  # query and key rows per block of the token-forest attention
+TREE_BLOCK = 128  # query and key rows per block of the block-sparse token-forest attention
+TREE_SPARSE_FROM = 4096  # rows longer than this run the block-sparse path; shorter ones dense causal blocks
 
 
 def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array,
@@ -354,7 +355,10 @@ def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array,
     tree_exit: int32 [B, T], the end of each token's subtree (see ``tree_block_mask``); a packed row of
     independent sequences is the special case of chains (every token's exit = its sequence's end).
 
-    Block-sparse: rows are cut into blocks of ``block`` (default ``TREE_BLOCK``) tokens and a query block
+    Rows of at most ``TREE_SPARSE_FROM`` tokens (and no explicit ``block``) run dense causal query blocks of
+    ``CAUSAL_Q_BLOCK`` rows against the keys up to the block's last row, the mask computed per block from
+    ``tree_exit``: on CPU the fastest per pair. Longer rows (``layout.pack(long_rows=True)``) are
+    block-sparse: they are cut into blocks of ``block`` (default ``TREE_BLOCK``) tokens and a query block
     visits a key block only when some key of it is visible to some query of the block (the key block does
     not lie after the query block and its largest ``tree_exit`` passes the query block's start), so a long
     row of many trees, or of a prompt with many chains below it, costs each token's ancestors rather than
@@ -368,6 +372,8 @@ def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array,
     tree_exit = jnp.asarray(tree_exit, jnp.int32)
     if t <= blk:
         return _attend_dense(q, k, v, tree_block_mask(tree_exit, 0, t, t))
+    if block is None and t <= TREE_SPARSE_FROM:
+        return _attend_tree_causal(q, k, v, tree_exit)
     nb = -(-t // blk)
     pad = nb * blk - t
     if pad:
@@ -383,6 +389,21 @@ def attend_tree(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array,
     out = _tree_flash(qs, ks, vs, es)  # [nb, B, KVH, G, blk, D]
     out = jnp.moveaxis(out, 4, 2).reshape(nb, b, blk, n, d).swapaxes(0, 1)
     return out.reshape(b, nb * blk, n, d)[:, :t].astype(q.dtype)
+
+
+def _attend_tree_causal(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array) -> jax.Array:
+    """Dense causal query blocks: block [lo, hi) attends keys [0, hi), its mask computed from ``tree_exit``
+    inside the rematerialized block."""
+    t = q.shape[1]
+    outs = []
+    for lo in range(0, t, CAUSAL_Q_BLOCK):
+        hi = min(lo + CAUSAL_Q_BLOCK, t)
+
+        def block(qb, kb, vb, eb, lo=lo, hi=hi):
+            return _attend_dense(qb, kb, vb, tree_block_mask(eb, lo, hi, hi))
+
+        outs.append(jax.checkpoint(block)(q[:, lo:hi], k[:, :hi], v[:, :hi], tree_exit[:, :hi]))
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=1)
 
 
 def _block_geometry(qs: jax.Array, es: jax.Array):
