@@ -135,6 +135,24 @@ def _transcript(env, policy, settings, protocols, tasks, seeds=(0,), cfg=CFG) ->
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
+def _sokoban_plain_and_scrambled(cfg, protocols, n_tasks, *, use_cfg) -> list[list[dict]]:
+    """Transcripts of the same Sokoban run on the real world and on one whose hidden values are scrambled."""
+    from retrojax.agent.env_api import make_env
+
+    s = Settings(schedule=Schedule(2, 4, 2), rollback_budget=2, agent_budget=10)
+    policy = PromptOnlyPolicy(["up", "down", "left", "right"])
+    runs = []
+    for wrap in (False, True):
+        env = make_env(cfg, "sokoban-6x6-2:test")
+        try:
+            world = Scrambled(env) if wrap else env
+            kw = {"cfg": cfg} if use_cfg else {}
+            runs.append(_transcript(world, policy, s, protocols, range(n_tasks), **kw))
+        finally:
+            env.close()
+    return runs
+
+
 def _assert_no_hidden_values(a: list[dict], b: list[dict]) -> None:
     assert len(a) == len(b) and a == b  # same prompts, same replies, call for call
     assert ROLES <= {x["role"] for x in a}
@@ -157,20 +175,9 @@ def test_no_hidden_value_reaches_any_prompt_on_line_world():
 
 def test_no_solver_distance_reaches_any_prompt_on_sokoban():
     """Sokoban's progress is the solver's exact distance: scrambling it changes no prompt."""
-    from retrojax.agent.env_api import make_env
 
-    cfg = config.load("configs/sokoban_tiny.yaml")
-    s = Settings(schedule=Schedule(2, 4, 2), rollback_budget=2, agent_budget=10)
-    policy = PromptOnlyPolicy(["up", "down", "left", "right"])
-    runs = []
-    for wrap in (False, True):
-        env = make_env(cfg, "sokoban-6x6-2:test")
-        try:
-            runs.append(
-                _transcript(Scrambled(env) if wrap else env, policy, s, ["RIR", "RIR/restart"], range(3))
-            )
-        finally:
-            env.close()
+    runs = _sokoban_plain_and_scrambled(config.load("configs/sokoban_tiny.yaml"), ["RIR", "RIR/restart"], 3,
+                                        use_cfg=False)
     _assert_no_hidden_values(*runs)
 
 
@@ -178,19 +185,9 @@ def test_compact_agent_prompts_follow_trial_prompt_style():
     """trial.prompt_style = compact: the agent sees the world's compact header and reply line around RIR's
     budget and rollback lines, M (its non-empty fields) under RIR only, and compact user turns; still
     nothing hidden."""
-    from retrojax.agent.env_api import make_env
 
     cfg = config.load("configs/sokoban_tiny.yaml", ["trial.prompt_style=compact"])
-    s = Settings(schedule=Schedule(2, 4, 2), rollback_budget=2, agent_budget=10)
-    policy = PromptOnlyPolicy(["up", "down", "left", "right"])
-    runs = []
-    for wrap in (False, True):
-        env = make_env(cfg, "sokoban-6x6-2:test")
-        try:
-            world = Scrambled(env) if wrap else env
-            runs.append(_transcript(world, policy, s, ["RIR", "RIR/react"], range(2), cfg=cfg))
-        finally:
-            env.close()
+    runs = _sokoban_plain_and_scrambled(cfg, ["RIR", "RIR/react"], 2, use_cfg=True)
     _assert_no_hidden_values(*runs)
     for protocol in ("RIR", "RIR/react"):
         first = _calls(runs[0], "execution", protocol)[0]["messages"]
