@@ -363,9 +363,10 @@ class RIRTrial:
     def _system_ids(self) -> tuple[str, np.ndarray]:
         version = self.memory.version
         if self._system_cache is None or self._system_cache[0] != version:
-            memory_block = self.memory.render() if self.variant.shows_memory else None
+            memory_block = None
+            if self.variant.shows_memory:
+                memory_block = self.memory.render_compact() if self.compact else self.memory.render()
             if self.compact:
-                memory_block = self.memory.render_compact() if self.variant.shows_memory else None
                 text = P.agent_system_compact(
                     prompt_key=self.prompt_key,
                     fields=self.fields,
