@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -134,8 +134,9 @@ class LearnConfig:
     chain_segments: bool = True  # one sequence per segment when the conversation only grew
     track_kl_ref: bool = True  # keep the start policy to log diag/kl_ref each update (one params copy)
     # rows: one padded sequence per row | packed: sequences packed into rows | tree: packed, shared prefixes
-    # laid out once as a token tree (retrojax.learn.layout)
-    layout: str = "tree"
+    # laid out once as a token tree (retrojax.learn.layout) | tree_long: tree in rows up to max_batch_tokens
+    # (a whole task tree per row, block-sparse attention past 4096 tokens)
+    layout: Literal["rows", "packed", "tree", "tree_long"] = "tree"
     # rematerialize layers in the backward pass: true | false | auto (on when the memory plan says the
     # update would not fit the device without it; retrojax.plan)
     remat: bool | str = "auto"
@@ -296,6 +297,12 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
     origin = typing.get_origin(tp)
     if tp is Any:
         return value
+    if origin is typing.Literal:  # one of a fixed set of values (e.g. learn.layout)
+        options = typing.get_args(tp)
+        if any(type(value) is type(o) and value == o for o in options):
+            return value
+        raise ConfigError(f"{source}: key '{key}' expects one of {' | '.join(map(str, options))}, "
+                          f"got {value!r}")
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:

@@ -224,16 +224,10 @@ def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=p
                               chain=cfg.chain_segments, skip_zero=skip_zero)
     distinct = unique_tokens([from_sequence(s) for s in seqs])
     out: dict[str, float] = {f"update.{name}.distinct_tokens": float(distinct)}
-    from retrojax.learn import layout as layout_module
-
-    for layout in ("rows", "tree", "tree_long"):  # tree_long: tree with layout.pack(long_rows=True)
-        layout_module.LONG_ROWS = layout == "tree_long"
-        try:
-            plan = plan_batches(archive, adv, lambda_ref=cfg.lambda_ref, seq_buckets=cfg.seq_buckets,
-                                max_batch_tokens=cfg.max_batch_tokens, minibatches=cfg.minibatches,
-                                chain=cfg.chain_segments, skip_zero=skip_zero, layout=layout[:4])
-        finally:
-            layout_module.LONG_ROWS = False
+    for layout in ("rows", "tree", "tree_long"):  # learn.layout values
+        plan = plan_batches(archive, adv, lambda_ref=cfg.lambda_ref, seq_buckets=cfg.seq_buckets,
+                            max_batch_tokens=cfg.max_batch_tokens, minibatches=cfg.minibatches,
+                            chain=cfg.chain_segments, skip_zero=skip_zero, layout=layout)
         positions, trained = plan.stats["batch/padded_tokens"], plan.stats["batch/trained_tokens"]
         pairs = sum(attention_pairs(mb.arrays) for mb in plan.microbatches)
         seconds, programs = time_update(model, cfg, plan)

@@ -215,11 +215,11 @@ def _fill(seqs: list[Sequence_], rows: int, length: int, scale: float) -> dict[s
 
 
 def _forest_microbatches(group: list[Sequence_], seq_buckets: Sequence[int], max_batch_tokens: int,
-                         scale: float, share: bool) -> list[Microbatch]:
-    from retrojax.learn.layout import from_sequence, pack
+                         scale: float, layout: str) -> list[Microbatch]:
+    from retrojax.learn.layout import forest_options, from_sequence, pack
 
     packing = pack([from_sequence(s, scale) for s in group], lengths=seq_buckets,
-                   max_batch_tokens=max_batch_tokens, share=share)
+                   max_batch_tokens=max_batch_tokens, **forest_options(layout))
     return [Microbatch(a, sum(len(r.members) for r in rows), int((a["exec_mask"] | a["ref_mask"]).sum()))
             for a, rows in zip(packing.microbatches, packing.row_groups or [], strict=True)]
 
@@ -254,7 +254,7 @@ def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_bu
     steps: list[list[Microbatch]] = []
     for group in groups:
         if layout != "rows":
-            steps.append(_forest_microbatches(group, seq_buckets, max_batch_tokens, scale, layout == "tree"))
+            steps.append(_forest_microbatches(group, seq_buckets, max_batch_tokens, scale, layout))
             continue
         by_len: dict[int, list[Sequence_]] = defaultdict(list)
         for s in group:

@@ -1,13 +1,15 @@
 """Training sequences → rows of a token forest: packed sequences and shared prefixes, each token once.
 
-Three layouts (``learn.layout``):
+Four layouts (``learn.layout``):
 
 - ``rows``: one right-padded sequence per row (``retrojax.learn.batch``; kept for comparison);
 - ``packed``: several sequences per row, each a chain with positions restarting at 0, attending only within
   itself; rows filled to a token budget;
 - ``tree``: the sequences of a row share their common prefixes as a token tree (the trials of a task share the
   prompt, the resumed and the abandoned branch of a rewind share the C_j prefix): every distinct prefix token
-  is one position, its position id is its depth, and it attends to exactly its ancestors.
+  is one position, its position id is its depth, and it attends to exactly its ancestors;
+- ``tree_long``: ``tree`` with long rows (``pack(long_rows=True)``): a row holds up to the microbatch budget,
+  so a whole task tree is usually one row and each of its prefixes is laid out once.
 
 A row is laid out in DFS preorder, so every token's subtree is an index interval ``[i, tree_exit[i])`` and
 "key j is an ancestor-or-self of query i" is ``j <= i < tree_exit[j]`` (see ``retrojax.model.qwen3.
@@ -34,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-LAYOUTS = ("rows", "packed", "tree")
+LAYOUTS = ("rows", "packed", "tree", "tree_long")
 NODE_KEYS = ("input_ids", "positions", "tree_exit")
 TERM_INDEX_KEYS = ("term_node", "targets")
 _K_STEPS = 4  # K ∈ {L, L/2, L/4, L/8}
@@ -269,18 +271,22 @@ def row_lengths(lengths: Sequence[int], max_batch_tokens: int) -> tuple[int, ...
     return tuple(sorted({int(b) for b in lengths} | steps))
 
 
-LONG_ROWS = False  # default of ``pack(long_rows=...)``: see there
+def forest_options(layout: str) -> dict[str, bool]:
+    """``pack``'s keyword arguments for a token-forest layout (``learn.layout`` packed | tree | tree_long)."""
+    if layout not in LAYOUTS[1:]:
+        raise ValueError(f"a token-forest layout is one of {LAYOUTS[1:]}, got {layout!r}")
+    return {"share": layout != "packed", "long_rows": layout == "tree_long"}
 
 
 def pack(items: Sequence[Trained], *, lengths: Sequence[int], max_batch_tokens: int,
-         share: bool = True, long_rows: bool | None = None) -> Packing:
+         share: bool = True, long_rows: bool = False) -> Packing:
     """Microbatches of token-forest rows holding every item (``share=False``: the ``packed`` layout).
 
     Bucket rows (default): rows are packed at the largest of ``lengths``; a microbatch holds the largest power
     of two of rows whose tokens fit ``max_batch_tokens`` (at least one row); its length is the smallest of
     ``lengths`` that holds its fullest row, and its row count is padded to a power of two with empty rows.
 
-    ``long_rows`` (default ``LONG_ROWS``): rows are packed up to ``row_capacity`` tokens (the microbatch
+    ``long_rows`` (``learn.layout=tree_long``): rows are packed up to ``row_capacity`` tokens (the microbatch
     budget), so a whole task tree usually fits one row and its prefixes are laid out once; each microbatch is
     one row, cut to the smallest of ``row_lengths`` that holds it. Rows longer than
     ``qwen3.TREE_SPARSE_FROM`` run the block-sparse attention, which skips the key blocks no query of a block
@@ -291,7 +297,7 @@ def pack(items: Sequence[Trained], *, lengths: Sequence[int], max_batch_tokens: 
         return Packing([], 0, 0, 0, 0)
     keys = list(items[0].values)
     dtypes = {k: np.asarray(items[0].values[k]).dtype for k in keys}
-    if LONG_ROWS if long_rows is None else long_rows:
+    if long_rows:
         sizes = row_lengths(lengths, max_batch_tokens)
         rows = pack_rows(items, sizes[-1], share)
         groups = [[r] for r in rows]

@@ -155,16 +155,16 @@ def make_optimizer(learning_rate: float, steps: int, warmup_steps: int = 0, weig
                        optax.adamw(schedule, weight_decay=weight_decay))
 
 
-def collate_forest(examples: Sequence[Example], buckets: Sequence[int], share: bool = True
+def collate_forest(examples: Sequence[Example], buckets: Sequence[int], layout: str = "tree"
                    ) -> dict[str, np.ndarray]:
     """The same examples as one token-forest batch (``learn.layout`` packed | tree, see
-    ``retrojax.learn.layout``): several examples per row, shared prefixes once (``share``), one
+    ``retrojax.learn.layout``): several examples per row, shared prefixes once (tree, tree_long), one
     ``loss_mask`` entry per trained token. Rows: a power of two; length: the smallest bucket that fits."""
-    from retrojax.learn.layout import from_example, pack
+    from retrojax.learn.layout import forest_options, from_example, pack
 
     items = [from_example(e.ids, e.own) for e in examples]
     rows = 1 << max(0, math.ceil(math.log2(len(items))))  # room for one row per example: one microbatch
-    packing = pack(items, lengths=buckets, max_batch_tokens=rows * max(buckets), share=share)
+    packing = pack(items, lengths=buckets, max_batch_tokens=rows * max(buckets), **forest_options(layout))
     (batch,) = packing.microbatches
     return batch
 
@@ -175,9 +175,9 @@ def make_batch(examples: Sequence[Example], batch_size: int, buckets: Sequence[i
     if layout == "rows":
         length = bucket_for(max(len(e.ids) - 1 for e in examples), buckets)
         return collate(examples, batch_size, length, pad_id)
-    if layout not in ("packed", "tree"):
-        raise ValueError(f"layout must be rows | packed | tree, got {layout!r}")
-    return collate_forest(examples, buckets, share=layout == "tree")
+    if layout not in ("packed", "tree", "tree_long"):
+        raise ValueError(f"layout must be rows | packed | tree | tree_long, got {layout!r}")
+    return collate_forest(examples, buckets, layout)
 
 
 def _logprobs(model: Qwen3, batch: dict[str, jax.Array], chunk: int) -> jax.Array:

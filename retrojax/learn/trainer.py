@@ -128,8 +128,8 @@ def validate_learn_config(lc: Any) -> None:
                         f"got {lc.reflection_reward!r}")
     if lc.old_logprobs not in ("sampler", "recompute"):
         problems.append(f"learn.old_logprobs must be sampler | recompute, got {lc.old_logprobs!r}")
-    if lc.layout not in ("rows", "packed", "tree"):
-        problems.append(f"learn.layout must be rows | packed | tree, got {lc.layout!r}")
+    if lc.layout not in ("rows", "packed", "tree", "tree_long"):
+        problems.append(f"learn.layout must be rows | packed | tree | tree_long, got {lc.layout!r}")
     if lc.lr_schedule not in ("constant", "cosine"):
         problems.append(f"learn.lr_schedule must be constant | cosine, got {lc.lr_schedule!r}")
     for name in ("epochs", "minibatches", "tasks_per_update", "max_batch_tokens", "logprob_chunk"):
