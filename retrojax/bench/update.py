@@ -309,7 +309,7 @@ def layout_figures(quick: bool = False, log=print) -> dict[str, float]:
     out = archive_figures("demo", data["archive"], model, demo_cfg, log)
     paper = paper_archive(quick, config.vocab_size)
     behaviour_logprobs(paper, config.vocab_size)
-    paper_cfg = LearnConfig(seq_buckets=(512, 1024) if quick else (1024, 2048, 4096),
+    paper_cfg = LearnConfig(seq_buckets=(512, 1024, 2048) if quick else (1024, 2048, 4096, 8192),
                             max_batch_tokens=4096 if quick else 16384, logprob_chunk=256, learning_rate=1e-5)
     out.update(archive_figures("paper", paper, model, paper_cfg, log))
     out.update(sft_figures(data, model, 4 if quick else 20, log))
