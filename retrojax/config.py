@@ -112,6 +112,9 @@ class LearnConfig:
     # NOT in the paper (C.2: no transition means δ = 0): reward added to each invalid execution turn's δ,
     # its segment's S and its trial's outcome; 0 = the paper's rule (see learn/advantages.py)
     invalid_penalty: float = 0.0
+    # segment: a rewind request's return is its own δ = 0 (the paper, D.5.2) | resumed (ours): a rewind's
+    # return continues into the branch it resumes (+ γ·G of its first decision); see learn/advantages.py
+    rewind_return: Literal["segment", "resumed"] = "segment"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     kl_coef: float = 0.0

@@ -27,6 +27,15 @@ adds a fixed reward to every invalid execution turn (unparseable or cut-off outp
 score S of the segment it was made in, and to its trial's outcome. With a weak policy whose group has no
 success, δ = 0 for an invalid turn against −0.1 per Sokoban move ranks doing nothing above acting; a penalty
 equal to the move cost removes that preference (measured in ``retrojax bench learn``).
+
+``rewind_return`` (``segment`` = the paper, D.5.2: a rewind request ends its segment with δ = 0, so its return
+is 0). ``resumed`` (ours, NOT in the paper) lets a model rewind's return continue into the branch it resumes:
+``G_rewind = γ · G(first decision of the resumed segment)`` (one step: that G is its own segment's return).
+Why: among failed continuations from one state the paper's rule scores every rewind 0 against −0.1 per move,
+so the state term favours rewinding whether or not the resumed branch went anywhere (a rewind's mean
+advantage was positive in every measured update, +0.5 … +2.9, and the trained policy rewound more on held-out
+levels: ``docs/results.md``). With ``resumed`` a rewind is credited with what it led to. Moves and the macro
+term are unchanged; a rewind whose trial ended before the resumed branch made a decision keeps G = 0.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from retrojax.agent.archive import EXECUTION, REFLECTION, Archive, CallRecord, R
 
 ESTIMATORS = ("sa_grpo", "grpo", "rloo", "gigpo", "gigpo_retro")
 REFLECTION_REWARDS = ("advancement", "v_plus_only")
+REWIND_RETURNS = ("segment", "resumed")
 _WITH_REFLECTION = ("sa_grpo", "gigpo_retro")
 
 
@@ -197,13 +207,36 @@ def _invalid_counts(calls: Iterable[CallRecord]) -> tuple[dict[tuple[int, int, i
     return per_segment, per_trial
 
 
+def _continue_rewind_returns(returns: dict[tuple[int, int, int], float], recoveries: Iterable[RecoveryRecord],
+                             seg_calls: dict[tuple[int, int, int], list[CallRecord]], gamma: float) -> int:
+    """``rewind_return=resumed``: add γ·G(first decision of the resumed segment) to each model rewind.
+
+    Reads the resumed branch's returns as computed within its own segment (before any of them is continued),
+    so the result does not depend on the order of recoveries. Returns how many rewinds were continued.
+    """
+    own = dict(returns)
+    done = 0
+    for rec in recoveries:
+        abandoned = seg_calls.get((rec.task, rec.trial, rec.index))
+        resumed = seg_calls.get((rec.task, rec.trial, rec.resumed_segment))
+        if rec.trigger != "model" or not abandoned or not resumed or not abandoned[-1].is_rewind:
+            continue
+        last, first = abandoned[-1], resumed[0]
+        returns[(last.task, last.trial, last.call_index)] += gamma * own[(first.task, first.trial,
+                                                                         first.call_index)]
+        done += 1
+    return done
+
+
 def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_state: float = 1.0,
                        gamma: float = 1.0, eps: float = 1e-6,
                        reflection_reward_kind: str = "advancement",
-                       invalid_penalty: float = 0.0) -> Advantages:
+                       invalid_penalty: float = 0.0, rewind_return: str = "segment") -> Advantages:
     """Credits for every trained call of ``archive`` under ``estimator`` (see the module docstring)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
+    if rewind_return not in REWIND_RETURNS:
+        raise ValueError(f"unknown rewind_return {rewind_return!r}; expected one of {REWIND_RETURNS}")
     if reflection_reward_kind not in REFLECTION_REWARDS:
         raise ValueError(f"unknown reflection_reward {reflection_reward_kind!r}; "
                          f"expected {REFLECTION_REWARDS}")
@@ -223,6 +256,8 @@ def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_s
         g = returns_to_go([c.reward + (0.0 if c.valid else invalid_penalty) for c in seg], gamma)
         for c, gq in zip(seg, g.tolist(), strict=True):
             returns[(c.task, c.trial, c.call_index)] = gq
+    if rewind_return == "resumed":
+        _continue_rewind_returns(returns, archive.recoveries, seg_calls, gamma)
 
     macro: dict[tuple[int, int, int], float] = {}
     local: dict[tuple[int, int, int], float] = {}
@@ -290,7 +325,8 @@ def advantages_from_config(archive: Archive, learn_cfg) -> Advantages:
     return compute_advantages(archive, learn_cfg.estimator, lambda_state=learn_cfg.lambda_state,
                               gamma=learn_cfg.gamma, eps=learn_cfg.norm_eps,
                               reflection_reward_kind=learn_cfg.reflection_reward,
-                              invalid_penalty=learn_cfg.invalid_penalty)
+                              invalid_penalty=learn_cfg.invalid_penalty,
+                              rewind_return=learn_cfg.rewind_return)
 
 
 def _stats(credits: list[Credit], r_ref: dict, ineligible: int) -> dict[str, float]:
