@@ -17,15 +17,20 @@ run with the demo model:
   real trial loop with the noisy oracle (ε = ``sft.oracle_epsilon``) standing in for the SFT policy, so the
   archive has the demo's rewinds and reflections; behaviour log-probs are drawn near the model's;
 - ``paper``: a synthetic archive at the paper's shape per task (8 trials × 30 execution calls in 3 segments
-  separated by rewinds with reflections, ~200-token turns, a 1k-token text-world-like prompt).
+  separated by rewinds with reflections, ~200-token turns, a 1k-token text-world-like prompt); each rewind
+  restores the conversation saved at ``C_j`` (App. D.3, see ``retrojax.learn.synthetic``), so contexts reach
+  ~7k tokens and the buckets go to 8192.
 
-For each archive A and layout L ∈ {rows, tree}: ``update.A.L.positions_per_trained_token`` (token positions
-the update processes, padding included, per trained output token), ``update.A.L.unique_token_ratio``
-(positions / distinct tokens of the archive's token tree), ``update.A.L.s`` (one whole update: every
+For each archive A and layout L ∈ {rows, tree, tree_long} (``learn.layout``):
+``update.A.L.positions_per_trained_token`` (token positions the update processes, padding included, per
+trained output token), ``update.A.L.unique_token_ratio`` (positions / distinct tokens of the archive's token
+tree), ``update.A.L.s`` (one whole update: every
 microbatch accumulated, one optimizer step per minibatch; after compiling every program),
 ``update.A.L.programs`` (update programs compiled, one per microbatch shape),
 ``update.A.L.attention_pairs_per_trained_token`` (query × key pairs the attention computes, whole blocks,
-per trained token: exact, from the shapes), ``update.A.speedup`` (rows s / tree s) and
+per trained token: exact, from the shapes), ``update.A.speedup`` (rows s / tree s; ``speedup_long`` for
+``tree_long``; ``update.A.L.cpu_s`` and ``update.A.cpu_speedup(_long)`` the same in process CPU seconds, all
+threads, which a shared machine disturbs less than wall time) and
 ``update.A.attention_pairs_ratio`` (rows pairs / tree pairs: where attention dominates the update, as it does
 for the small demo model on CPU, the speedup follows this ratio). ``sft.*``:
 the same for SFT steps (``sft.batch_size`` examples each) on the demo's demonstrations. Figures go to stdout
@@ -165,8 +170,9 @@ def behaviour_logprobs(archive: Any, vocab: int, seed: int = 0) -> None:
         c.logprobs = (-np.log(vocab) + rng.normal(0.0, 0.3, len(c.output_ids))).astype(np.float32)
 
 
-def time_update(model: Any, cfg: LearnConfig, plan: Any) -> tuple[float, int]:
-    """Seconds of one whole update over ``plan`` (after a compile run) and the programs it compiled."""
+def time_update(model: Any, cfg: LearnConfig, plan: Any) -> tuple[float, int, float]:
+    """Wall seconds of one whole update over ``plan`` (after a compile run), the programs it compiled, and the
+    process CPU seconds of that update (all threads: steadier than wall time on a shared machine)."""
     upd, params, opt_state = make_update(model, cfg, total_steps=100)
     params = jax.tree.map(jax.numpy.copy, params)  # the update donates them; the model keeps its own
     steps = [[{k: jax.numpy.asarray(v) for k, v in mb.arrays.items()} for mb in group]
@@ -181,11 +187,11 @@ def time_update(model: Any, cfg: LearnConfig, plan: Any) -> tuple[float, int]:
                 acc = upd.accumulate(params, None, b)
     copies = jax.tree.map(jax.numpy.copy, (params, opt_state))
     jax.block_until_ready(upd.apply(*copies, acc))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for group in steps:
         params, opt_state, metrics = upd(params, opt_state, group)
     jax.block_until_ready((params, metrics))
-    return time.perf_counter() - t0, upd.traces
+    return time.perf_counter() - t0, upd.traces, time.process_time() - c0
 
 
 def attention_pairs(arrays: dict[str, np.ndarray]) -> int:
@@ -230,16 +236,20 @@ def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=p
                             chain=cfg.chain_segments, skip_zero=skip_zero, layout=layout)
         positions, trained = plan.stats["batch/padded_tokens"], plan.stats["batch/trained_tokens"]
         pairs = sum(attention_pairs(mb.arrays) for mb in plan.microbatches)
-        seconds, programs = time_update(model, cfg, plan)
+        seconds, programs, cpu = time_update(model, cfg, plan)
         key = f"update.{name}.{layout}"
         out.update({f"{key}.positions_per_trained_token": positions / trained,
                     f"{key}.unique_token_ratio": positions / distinct, f"{key}.s": seconds,
+                    f"{key}.cpu_s": cpu,
                     f"{key}.attention_pairs_per_trained_token": pairs / trained,
                     f"{key}.programs": float(programs), f"{key}.microbatches": float(len(plan.microbatches))})
         log(f"{key}: {positions:.0f} positions, {trained:.0f} trained tokens, {pairs:.3g} attention pairs, "
-            f"{len(plan.microbatches)} microbatches, {programs} programs, {seconds:.2f} s")
+            f"{len(plan.microbatches)} microbatches, {programs} programs, {seconds:.2f} s ({cpu:.1f} CPU s)")
     out[f"update.{name}.speedup"] = out[f"update.{name}.rows.s"] / out[f"update.{name}.tree.s"]
     out[f"update.{name}.speedup_long"] = out[f"update.{name}.rows.s"] / out[f"update.{name}.tree_long.s"]
+    for lay, suffix in (("tree", ""), ("tree_long", "_long")):  # the same ratios in process CPU seconds
+        out[f"update.{name}.cpu_speedup{suffix}"] = (out[f"update.{name}.rows.cpu_s"]
+                                                    / out[f"update.{name}.{lay}.cpu_s"])
     pairs = [out[f"update.{name}.{lay}.attention_pairs_per_trained_token"]
              for lay in ("rows", "tree", "tree_long")]
     out[f"update.{name}.attention_pairs_ratio"] = pairs[0] / pairs[1]
