@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-len", type=int, default=2048, help="context per request: prompt + reply tokens")
     srv.add_argument("--decode-chunk", type=int, default=4,
                      help="decode steps between admissions (a new request waits at most this many)")
+    srv.add_argument("--row-buckets", default=None,
+                     help="comma-separated row counts programs run on, e.g. 1,4,16,64 (default: powers of "
+                          "two up to --max-batch; fewer buckets: fewer compiles, more padded rows)")
     srv.add_argument("--dtype", default="float32", help="float32 | bfloat16")
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--log-level", default="warning")
@@ -125,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     rir.add_argument("--seeds", type=int, default=3)
     rir.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
     rir.add_argument("--trials-per-task", type=int, default=None, help="replicates per task and seed")
+    rir.add_argument("--protocol", default=None, metavar="P,Q,...",
+                     help="run only these of the tables' protocols, e.g. RIR,RIR/react (default: all)")
     rir.add_argument("--transcripts", default=None, metavar="FILE",
                      help="write one JSON line per model call (agent and auxiliary, every variant)")
     rir.set_defaults(func=_handler("retrojax.eval.rir.report:main"))

@@ -216,8 +216,7 @@ class Sampler:
                 reach = max(reach, start + part.size)
                 if toks.size > width:
                     left[r] = (start + width, toks[width:])
-            self.cache = _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids),
-                                  jnp.asarray(write_start), window=self._window(reach))
+            self._run_prefill(ids, write_start, self._window(reach))
             self.stats["prefill_calls"] += 1
             pending = left
 
@@ -291,17 +290,32 @@ class Sampler:
         out_len = pow2_at_least(max(limits), 16)
         window = self._window(max(int(pos[r] + max(limit[r], 1)) for r in rows))
 
-        self.cache, out_ids, out_lp, count, why, steps = _decode(
-            self._graphdef, self._state, self._layer_weights(), self.cache, jnp.asarray(tok),
-            jnp.asarray(pos), jnp.asarray(limit), jnp.asarray(stop_id_arr), table, table_lens,
-            jnp.asarray(applies), jnp.asarray(temperature), jnp.asarray(top_p), jnp.asarray(top_k), key,
-            out_len=out_len, window=window,
-        )
-        out_ids, out_lp, count, why = (np.asarray(x) for x in (out_ids, out_lp, count, why))
+        out_ids, out_lp, count, why, steps = self._run_decode(
+            {"tok": tok, "pos": pos, "limit": limit, "applies": applies, "temperature": temperature,
+             "top_p": top_p, "top_k": top_k},
+            stop_id_arr, table, table_lens, key, out_len=out_len, window=window)
         self.stats["decode_calls"] += 1
         self.stats["decode_steps"] += int(steps)
         return [self._finish_row(r, out_ids[r, : count[r]], out_lp[r, : count[r]], int(why[r]), lim, strings)
                 for r, lim, strings in zip(rows, limits, row_strings, strict=True)]
+
+    # --- device calls (a subclass may run them on a subset of the rows, e.g. retrojax.serve.batching) ----
+    def _run_prefill(self, ids: np.ndarray, write_start: np.ndarray, window: int) -> None:
+        """Prefill ``ids`` [rows, width] at ``write_start`` [rows] (``max_len``: row untouched)."""
+        self.cache = _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids),
+                              jnp.asarray(write_start), window=window)
+
+    def _run_decode(self, per_row: dict[str, np.ndarray], stop_ids: np.ndarray, table: jax.Array,
+                    table_lens: jax.Array, key: jax.Array, *, out_len: int, window: int) -> tuple:
+        """Decode every row at once. ``per_row``: host arrays [rows] (tok, pos, limit, temperature, top_p,
+        top_k) and applies [rows, strings]; rows with limit 0 are untouched. Returns host arrays ids, logprobs
+        [rows, out_len], count, why [rows] and the number of steps run."""
+        a = {k: jnp.asarray(v) for k, v in per_row.items()}
+        self.cache, out_ids, out_lp, count, why, steps = _decode(
+            self._graphdef, self._state, self._layer_weights(), self.cache, a["tok"], a["pos"], a["limit"],
+            jnp.asarray(stop_ids), table, table_lens, a["applies"], a["temperature"], a["top_p"], a["top_k"],
+            key, out_len=out_len, window=window)
+        return (*(np.asarray(x) for x in (out_ids, out_lp, count, why)), steps)
 
     # --- host helpers -------------------------------------------------------------------------------
     def _window(self, reach: int) -> int:

@@ -63,6 +63,12 @@ def create_app(engine: Engine, model_name: str) -> Any:
     async def health():
         return {"status": "ok", "running": len(engine._active), "stats": engine.stats}
 
+    @app.get("/metrics")
+    async def metrics():
+        """Counters (requests, tokens, prefix reuse) and every compiled program with its first-call time."""
+        return {"running": len(engine._active), "stats": engine.stats,
+                "row_buckets": engine.sampler.row_buckets, "programs": engine.programs()}
+
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
@@ -176,9 +182,11 @@ class BackgroundServer:
 
 def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, *, rows: int = 16,
                 max_len: int = 2048, chunk_steps: int = 4, dtype: str = "float32", seed: int = 0,
-                min_window: int = 256, adapter: str | Path | None = None) -> Engine:
+                min_window: int = 256, adapter: str | Path | None = None,
+                row_buckets: tuple[int, ...] | None = None, log: Any = None) -> Engine:
     """An engine over a Hugging Face Qwen3 directory (config.json + safetensors + tokenizer files).
     ``min_window``: the smallest attention window compiled for (``max_len``: one decode compilation).
+    ``row_buckets``/``log``: see :class:`~retrojax.serve.engine.Engine`.
     ``adapter``: a PEFT LoRA adapter directory served on the base (decoded from merged weights)."""
     import jax.numpy as jnp
 
@@ -192,9 +200,10 @@ def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, 
 
         model = for_decoding(load_peft_adapter(model, adapter))
     tokenizer = load_tokenizer(Path(tokenizer_dir or model_dir))
-    buckets = tuple(b for b in (32, 128, 512, 2048) if b < max_len) + (max_len,)
+    # prefill chunks of at most 512 tokens: a 700-token prompt costs 512 + 256 token slots, not 2048
+    buckets = tuple(b for b in (32, 128, 256, 512) if b < max_len) or (max_len,)
     return Engine(model, tokenizer, rows=rows, max_len=max_len, chunk_steps=chunk_steps, seed=seed,
-                  chunk_buckets=buckets, min_window=min_window)
+                  chunk_buckets=buckets, min_window=min_window, row_buckets=row_buckets, log=log)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -208,9 +217,12 @@ def main(args: argparse.Namespace) -> int:
         print("retrojax serve: --max-batch, --decode-chunk must be >= 1 and --max-len >= 2", file=sys.stderr)
         return 2
     try:
+        spec = getattr(args, "row_buckets", None)
+        row_buckets = tuple(int(b) for b in spec.split(",")) if spec else None
         engine = load_engine(model_dir, args.tokenizer, rows=args.max_batch, max_len=args.max_len,
                              chunk_steps=args.decode_chunk, dtype=args.dtype, seed=args.seed,
-                             adapter=getattr(args, "adapter", None))
+                             adapter=getattr(args, "adapter", None), row_buckets=row_buckets,
+                             log=lambda line: print(line, file=sys.stderr, flush=True))
     except (OSError, ValueError) as e:
         print(f"retrojax serve: {e}", file=sys.stderr)
         return 2
@@ -220,7 +232,8 @@ def main(args: argparse.Namespace) -> int:
     engine.warmup()
     engine.start()
     print(f"retrojax serve: '{name}' ({template_name(engine.tokenizer)}; {engine.rows} rows × "
-          f"{engine.max_len} tokens) on http://{args.host}:{args.port}/v1", flush=True)
+          f"{engine.max_len} tokens; row buckets {','.join(map(str, engine.sampler.row_buckets))}, at most "
+          f"{engine.stats['program_bound']} programs) on http://{args.host}:{args.port}/v1", flush=True)
     try:
         uvicorn.run(create_app(engine, name), host=args.host, port=args.port, log_level=args.log_level)
     finally:

@@ -8,8 +8,14 @@ that arrives while others decode joins them at the next chunk boundary — at mo
 later (1 = the next decode step) — and never waits for the batch to drain.
 
 Rows remember their last conversation: a new request goes to the free row that shares the longest prefix
-with its prompt, which is rewound to that prefix (no compute) so only the rest is prefilled — an agent's next
-turn re-sends its whole conversation, and only the new turns cost prefill.
+with its prompt (ties: the least recently admitted row, so a conversation between turns keeps its row),
+which is rewound to that prefix (no compute) so only the rest is prefilled — an agent's next turn re-sends
+its whole conversation, and only the new turns cost prefill.
+
+Device calls run on row buckets (:mod:`retrojax.serve.batching`): the rows that have work, padded to the next
+power of two, so a prefill admitting one prompt costs one row, not ``rows``. The engine's programs are bounded
+(``stats["program_bound"]``) and counted as they first run (``stats["programs"]``, ``stats["program_s"]``:
+seconds of those first calls, compile included), each new one reported through ``log``.
 
 Stop strings are matched on host in the decoded text (OpenAI semantics: the reply ends before the stop
 string); the row may have decoded a few tokens past it inside the chunk, which are dropped with the row.
@@ -21,14 +27,15 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from retrojax.sampler import Sampler
-from retrojax.sampling.stops import first_stop_token_index
+from retrojax.sampling.rows import bucket_for
+from retrojax.sampling.stops import first_stop_token_index, pow2_at_least
+from retrojax.serve.batching import RowBucketSampler
 from retrojax.serve.protocol import APIError
 
 Event = dict[str, Any]
@@ -54,27 +61,37 @@ class Job:
 
 
 class Engine:
-    """See the module docstring. ``rows``: requests decoded together; ``max_len``: prompt + reply tokens."""
+    """See the module docstring. ``rows``: requests decoded together; ``max_len``: prompt + reply tokens;
+    ``row_buckets``: row counts programs run on (None: powers of two up to ``rows``); ``log``: gets one line
+    per new program."""
 
     def __init__(self, model: Any, tokenizer: Any, *, rows: int = 16, max_len: int = 2048,
                  chunk_steps: int = 4, seed: int = 0, chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048),
-                 min_window: int = 256):
+                 min_window: int = 256, row_buckets: Sequence[int] | None = None,
+                 log: Callable[[str], None] | None = None):
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
-        self.sampler = Sampler(model, rows=rows, max_len=max_len, tokenizer=None, chunk_buckets=chunk_buckets,
-                               min_window=min(min_window, max_len))
+        self.sampler = RowBucketSampler(model, rows=rows, max_len=max_len, tokenizer=None,
+                                        chunk_buckets=chunk_buckets, min_window=min(min_window, max_len),
+                                        row_buckets=row_buckets, on_program=self._on_program)
+        self.log = log
+        # decode lengths the engine's chunks can ask for (the sampler rounds them to powers of two >= 16)
+        decode_lengths = len({pow2_at_least(k, 16) for k in range(1, chunk_steps + 1)})
         self.tokenizer = tokenizer
         self.stop_ids = [int(i) for i in tokenizer.stop_token_ids if int(i) < model.config.vocab_size]
         self.chunk_steps = chunk_steps
         self.key = jax.random.key(seed)
         self._waiting: collections.deque[Job] = collections.deque()
         self._active: dict[int, Job] = {}
+        self._admitted_at = [0] * rows  # admission counter per row: ties go to the least recently used row
+        self._admissions = 0
         self._cv = threading.Condition()
         self._running = False
         self._thread: threading.Thread | None = None
         self.stats = {"requests": 0, "finished": 0, "failed": 0, "decode_calls": 0, "max_running": 0,
                       "joined_running_batch": 0, "generated_tokens": 0, "prompt_tokens": 0,
-                      "prefix_reused_tokens": 0}
+                      "prefix_reused_tokens": 0, "programs": 0, "program_s": 0.0,
+                      "program_bound": self.sampler.program_bound(decode_lengths)}
 
     @property
     def rows(self) -> int:
@@ -107,6 +124,21 @@ class Engine:
         self.sampler.append([0], [self.tokenizer.encode("hi")[:4] or [0]])
         self.sampler.generate([0], self.chunk_steps, temperature=0.0, stop_token_ids=self.stop_ids)
         self.sampler.reset(0)
+
+    def _on_program(self, shape: tuple, seconds: float) -> None:
+        self.stats["programs"] += 1
+        self.stats["program_s"] = round(self.stats["program_s"] + seconds, 3)
+        if self.log is not None:
+            kind, rows, width, window = shape[:4]
+            what = f"{width} tokens" if kind == "prefill" else f"{width} steps"
+            self.log(f"retrojax serve: new program {kind} [{rows} rows, {what}, window {window}]: "
+                     f"{seconds:.1f} s (program {self.stats['programs']} of at most "
+                     f"{self.stats['program_bound']})")
+
+    def programs(self) -> list[dict[str, Any]]:
+        """Every program run so far: its kind, rows, prefill tokens or decode steps, window, first-call s."""
+        return [{"kind": shape[0], "rows": shape[1], "width": shape[2], "window": shape[3],
+                 "first_call_s": round(seconds, 3)} for shape, seconds in self.sampler.programs.items()]
 
     # --- requests --------------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
@@ -143,7 +175,10 @@ class Engine:
                 while self._waiting and free:
                     job = self._waiting.popleft()
                     if not job.cancelled:
-                        row = max(free, key=lambda r, job=job: (self._common_prefix(r, job.prompt), -r))
+                        row = max(free, key=lambda r, job=job: (self._common_prefix(r, job.prompt),
+                                                                -self._admitted_at[r], -r))
+                        self._admissions += 1
+                        self._admitted_at[row] = self._admissions
                         free.remove(row)
                         self._active[row] = job
                         admitted.append((row, job))
@@ -171,8 +206,11 @@ class Engine:
                 if common < len(job.prompt):
                     rows.append(row)
                     chunks.append(job.prompt[common:])
-            if rows:
-                self.sampler.append(rows, chunks)
+            groups: dict[int, list[tuple[int, list[int]]]] = collections.defaultdict(list)
+            for row, chunk in zip(rows, chunks, strict=True):  # one prefill per chunk bucket: a long prompt
+                groups[bucket_for(len(chunk), self.sampler.buckets)].append((row, chunk))  # pads no short one
+            for group in groups.values():
+                self.sampler.append([r for r, _ in group], [c for _, c in group])
         for row, job in list(active.items()):
             if job.cancelled:
                 self._finish_row(row, job, None)

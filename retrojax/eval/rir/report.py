@@ -339,13 +339,21 @@ def run_world(
     split: str | None,
     trials_per_task: int | None,
     transcripts: Any = None,
+    only: list[str] | None = None,
 ) -> dict[str, Any]:
+    """One world's runs for ``tables``; ``only``: run just these of the tables' protocols."""
     cfg = config_lib.load(cfg_path, overrides)
     base = cfg.env.split
     split = split or (base if ":" in base else f"{base}:test")
     protocols = protocols_for(tables, cfg)
     if "main" in tables:
         protocols = [*RETRAIL, *protocols]
+    if only:
+        missing = [p for p in only if p not in protocols]
+        if missing:
+            raise ValueError(f"--protocol {missing[0]!r} is not among the tables' protocols: "
+                             f"{', '.join(protocols)}")
+        protocols = [p for p in protocols if p in only]
     policy = make_policy(policy_spec, cfg)
     n = tasks if tasks is not None else cfg.eval.num_tasks
     report = evaluate(cfg, policy, split, protocols, seeds, n, trials_per_task, transcripts=transcripts)
@@ -389,6 +397,7 @@ def main(args: argparse.Namespace) -> int:
                     args.split,
                     args.trials_per_task,
                     transcripts,
+                    [p.strip() for p in (getattr(args, "protocol", None) or "").split(",") if p.strip()],
                 )
                 worlds[data["world"]] = data
     except (ValueError, KeyError, FileNotFoundError, config_lib.ConfigError) as e:
