@@ -1,4 +1,5 @@
-"""learn.layout packed | tree give the rows layout's loss, gradients and step on trial-loop archives.
+"""learn.layout packed | tree | tree_long give the rows layout's loss, gradients and step on trial-loop
+archives.
 
 The archive comes from the real trial loop (``Runner``) on Sokoban under T@3 with a noisy scripted policy:
 model-initiated rewinds, reflections with remarks, and byte-level prompts (contexts of 0.8k–1.5k tokens, the
@@ -48,9 +49,9 @@ def archive():
     return arch
 
 
-def _step(arch, layout: str, minibatches: int, lr: float):
-    lc = LearnConfig(learning_rate=lr, seq_buckets=BUCKETS, max_batch_tokens=4096, logprob_chunk=256,
-                     minibatches=minibatches)
+def _step(arch, layout: str, minibatches: int, lr: float, max_batch_tokens: int = 4096):
+    lc = LearnConfig(learning_rate=lr, seq_buckets=BUCKETS, max_batch_tokens=max_batch_tokens,
+                     logprob_chunk=256, minibatches=minibatches)
     adv = compute_advantages(arch, "sa_grpo")
     plan = plan_batches(arch, adv, lambda_ref=lc.lambda_ref, seq_buckets=BUCKETS,
                         max_batch_tokens=lc.max_batch_tokens, minibatches=minibatches,
@@ -72,13 +73,21 @@ def _step(arch, layout: str, minibatches: int, lr: float):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("minibatches, layouts", [(1, ("packed", "tree")), (2, ("tree",))])
-def test_packed_and_tree_steps_equal_rows(archive, minibatches, layouts):
+@pytest.mark.parametrize("minibatches, layouts, budget", [
+    (1, ("packed", "tree", "tree_long"), 4096),  # long rows of ≤ 4096 tokens: dense causal blocks
+    (2, ("tree",), 4096),
+    (1, ("tree_long",), 8192),  # rows past qwen3.TREE_SPARSE_FROM: the block-sparse attention
+])
+def test_packed_and_tree_steps_equal_rows(archive, minibatches, layouts, budget):
     lr = 1e-3
     want_loss, want_grads, want_params, rows_plan = _step(archive, "rows", minibatches, lr)
     assert rows_plan.stats["batch/trained_tokens"] > 0 and any(abs(x) > 1e-4 for x in want_loss)
     for layout in layouts:
-        loss, grads, params, plan = _step(archive, layout, minibatches, lr)
+        loss, grads, params, plan = _step(archive, layout, minibatches, lr, budget)
+        if budget > 4096:
+            from retrojax.model.qwen3 import TREE_SPARSE_FROM
+
+            assert max(mb.arrays["input_ids"].shape[1] for mb in plan.microbatches) > TREE_SPARSE_FROM
         assert plan.stats["batch/trained_tokens"] == rows_plan.stats["batch/trained_tokens"]
         np.testing.assert_allclose(loss, want_loss, atol=1e-5, rtol=0)
         for g, w in zip(grads, want_grads, strict=True):
