@@ -173,6 +173,18 @@ def test_malformed_json_and_unknown_routes_get_openai_errors(served):
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_metrics_list_every_program_run_within_the_bound(client, served):
+    _greedy(client, CHATS[1], n=3)
+    root = served[1].base_url.removesuffix("/v1")
+    m = httpx.get(f"{root}/metrics", timeout=30).json()
+    stats, programs = m["stats"], m["programs"]
+    # rows 4: buckets 1, 2, 4; prefill chunks 32, 128 and one decode length; max_len 256: one window
+    assert m["row_buckets"] == [1, 2, 4] and stats["program_bound"] == 3 * 1 * (2 + 1)
+    assert 0 < stats["programs"] == len(programs) <= stats["program_bound"]
+    assert {p["kind"] for p in programs} == {"prefill", "decode"} and stats["program_s"] > 0
+    assert len({(p["kind"], p["rows"], p["width"], p["window"]) for p in programs}) == len(programs)
+
+
 def test_sampled_and_greedy_requests_share_a_batch_without_mixing_settings(client):
     solo = _greedy(client, CHATS[1], n=8).choices[0].message.content
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
