@@ -258,7 +258,8 @@ def archive_figures(name: str, archive: Any, model: Any, cfg: LearnConfig, log=p
 
 
 def sft_figures(data: dict[str, Any], model: Any, steps: int, log=print) -> dict[str, float]:
-    """sft.{rows,tree}.positions_per_trained_token, .s (``steps`` SFT steps after a compile pass), speedup."""
+    """sft.{rows,tree,tree_long}.positions_per_trained_token, .s (``steps`` SFT steps after a compile pass),
+    speedup (rows / tree) and speedup_long (rows / tree_long)."""
     from flax import nnx
 
     from retrojax.learn import sft
@@ -276,7 +277,7 @@ def sft_figures(data: dict[str, Any], model: Any, steps: int, log=print) -> dict
     optimizer = sft.make_optimizer(1e-4, steps)
     step_fn = sft.make_sft_step(graphdef, optimizer, cfg.learn.logprob_chunk)
     out: dict[str, float] = {}
-    for layout in ("rows", "tree"):
+    for layout in ("rows", "tree", "tree_long"):
         arrays = [sft.make_batch(g, cfg.sft.batch_size, buckets, pad, layout) for g in groups]
         positions = sum(a["input_ids"].size for a in arrays)
         trained = sum(float(a["loss_mask"].sum()) for a in arrays)
@@ -300,6 +301,7 @@ def sft_figures(data: dict[str, Any], model: Any, steps: int, log=print) -> dict
         log(f"sft.{layout}: {len(examples)} examples, {steps} steps, {positions} positions, {trained:.0f} "
             f"trained tokens, {len(seen)} programs, {seconds:.2f} s")
     out["sft.speedup"] = out["sft.rows.s"] / out["sft.tree.s"]
+    out["sft.speedup_long"] = out["sft.rows.s"] / out["sft.tree_long.s"]
     return out
 
 
