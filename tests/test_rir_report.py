@@ -71,3 +71,12 @@ def test_eval_json_and_rir_report(tmp_path):
     assert (
         main(["rir", "--config", "configs/rir_sokoban.yaml", "--table", "nope", "--out", str(tmp_path)]) == 2
     )
+
+
+def test_rir_protocol_filter_runs_only_the_named_rows(tmp_path):
+    args = ["rir", "--config", "configs/rir_sokoban.yaml", "--table", "main", "--tasks", "2", "--seeds", "1",
+            "--trials-per-task", "1", "--out", str(tmp_path / "rep")]
+    assert main([*args, "--protocol", "RIR,RIR/react"]) == 0
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert set(summary["sokoban"]["results"]) == {"RIR", "RIR/react"}
+    assert main([*args, "--protocol", "RIR/bogus"]) == 2  # not among the table's rows: a clear error
