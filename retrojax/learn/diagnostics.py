@@ -39,7 +39,8 @@ def mixed_group_fraction(archive: Archive) -> float:
 
 def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
     """``diag/mixed_groups``, ``diag/adv/<kind>`` (mean advantage over all trials), ``diag/adv_failed/<kind>``
-    (in failed trials only), ``diag/count/<kind>`` and ``diag/invalid_per_trial``."""
+    (in failed trials only; a mean is left out when its kind made no decision), ``diag/count/<kind>`` and
+    ``diag/invalid_per_trial``."""
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
     success = {(t.task, t.trial): bool(t.success) for t in archive.trials}
     values: dict[str, list[float]] = defaultdict(list)
@@ -55,8 +56,10 @@ def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
     out = {"diag/mixed_groups": mixed_group_fraction(archive)}
     for kind in KINDS:
         out[f"diag/count/{kind}"] = float(len(values[kind]))
-        out[f"diag/adv/{kind}"] = float(np.mean(values[kind])) if values[kind] else float("nan")
-        out[f"diag/adv_failed/{kind}"] = float(np.mean(failed[kind])) if failed[kind] else float("nan")
+        if values[kind]:  # a kind with no decision this update has a count of 0 and no mean (not NaN)
+            out[f"diag/adv/{kind}"] = float(np.mean(values[kind]))
+        if failed[kind]:
+            out[f"diag/adv_failed/{kind}"] = float(np.mean(failed[kind]))
     n_trials = len(archive.trials)
     invalid = sum(1 for c in archive.calls if c.role == EXECUTION and not c.valid)
     out["diag/invalid_per_trial"] = invalid / n_trials if n_trials else float("nan")
