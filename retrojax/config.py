@@ -137,9 +137,9 @@ class LearnConfig:
     chain_segments: bool = True  # one sequence per segment when the conversation only grew
     track_kl_ref: bool = True  # keep the start policy to log diag/kl_ref each update (one params copy)
     # rows: one padded sequence per row | packed: sequences packed into rows | tree: packed, shared prefixes
-    # laid out once as a token tree (retrojax.learn.layout) | tree_long: tree in rows up to max_batch_tokens
-    # (a whole task tree per row, block-sparse attention past 4096 tokens)
-    layout: Literal["rows", "packed", "tree", "tree_long"] = "tree"
+    # laid out once as a token tree (retrojax.learn.layout), rows of the longest seq_bucket | tree_long: tree
+    # in rows up to max_batch_tokens (a whole task tree per row, block-sparse attention past 4096 tokens)
+    layout: Literal["rows", "packed", "tree", "tree_long"] = "tree_long"
     # rematerialize layers in the backward pass: true | false | auto (on when the memory plan says the
     # update would not fit the device without it; retrojax.plan)
     remat: bool | str = "auto"

@@ -18,7 +18,7 @@ from retrojax.learn.trainer import validate_learn_config
 def test_layout_values_are_checked_when_the_config_loads():
     for layout in LAYOUTS:
         assert config.load(None, [f"learn.layout={layout}"]).learn.layout == layout
-    assert config.load(None).learn.layout == "tree"
+    assert config.load(None).learn.layout == "tree_long"  # the default (docs/benchmarks.md#update)
     with pytest.raises(ConfigError, match="learn.layout' expects one of rows | packed | tree | tree_long"):
         config.load(None, ["learn.layout=long"])
     with pytest.raises(ConfigError, match="expects one of"):
