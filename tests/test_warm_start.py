@@ -9,7 +9,7 @@ from retrojax.agent.archive import EXECUTION
 from retrojax.agent.env_api import make_env
 from retrojax.config import load
 from retrojax.learn import sft
-from retrojax.learn.warm_start import demo_task_count, run_demonstrations, special_ids
+from retrojax.learn.warm_start import demo_protocols, demo_task_count, run_demonstrations, special_ids
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +61,20 @@ def test_random_moves_are_context_not_targets(demos):
                 assert not ex.own[n:n + len(out)].any()
         total_hits += hits
     assert total_hits >= len(noisy) // 2
+
+
+def test_evaluation_list_does_not_change_the_demonstrations():
+    """`bench learn` evaluates T@3 only; its warm start must train on the demo's demonstrations."""
+    sets = ["sft.num_solver_episodes=6", "sft.num_recovery_episodes=4", "sft.oracle_epsilon=0.5",
+            "learn.train_tasks=2"]
+    digests = []
+    for protocols in ("[P@1,T@1,T@3]", "[T@3]"):
+        cfg = load("configs/sokoban_tiny.yaml", [*sets, "trial.protocol=T@3", f"eval.protocols={protocols}"])
+        assert demo_protocols(cfg) == ["P@1", "T@1", "T@3"]
+        env = make_env(cfg, f"{cfg.env.split}:train")
+        try:
+            archive, _ = run_demonstrations(cfg, env, None)
+        finally:
+            env.close()
+        digests.append([(c.trial, c.prompt_ids.tobytes(), c.output_ids.tobytes()) for c in archive.calls])
+    assert digests[0] == digests[1]

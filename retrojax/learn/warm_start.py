@@ -25,12 +25,18 @@ import numpy as np
 
 from retrojax.agent.archive import Archive
 
+# The protocol families whose prompts every warm start covers (forward-only, one rewinding attempt), so the
+# demonstrations do not change with the evaluation list (a bench that evaluates T@3 only trains as the demo).
+BASE_PROTOCOLS = ("P@1", "T@1")
+
 
 def demo_protocols(cfg: Any) -> list[str]:
-    """Protocols whose prompts the solver demonstrations cover: the evaluation ones and the training one."""
-    out = list(cfg.eval.protocols)
-    if cfg.trial.protocol not in out:
-        out.append(cfg.trial.protocol)
+    """Protocols whose prompts the solver demonstrations cover: P@1, T@1, the training one, then any other
+    evaluation protocol (in that order, so adding an evaluation protocol appends demonstrations)."""
+    out: list[str] = []
+    for p in (*BASE_PROTOCOLS, cfg.trial.protocol, *cfg.eval.protocols):
+        if p not in out:
+            out.append(p)
     return out
 
 
