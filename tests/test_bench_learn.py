@@ -32,12 +32,15 @@ def test_bench_learn_is_a_bench_target(capsys):
 
 def test_mixed_groups_are_reported_for_the_first_and_last_windows():
     curve = [{"update": i + 1, "success": 0.5, "trials": 32, "wall_s": 60.0 * (i + 1),
-              "diag/mixed_groups": m} for i, m in enumerate([0.25, 0.5, 0.5, 0.75])]
+              "diag/mixed_groups": m, "diag/solved_groups": (1 - m) / 2, "diag/failed_groups": (1 - m) / 2}
+             for i, m in enumerate([0.25, 0.5, 0.5, 0.75])]
     results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
                "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
     f = figures_from_summary({"curve": curve, "results": results}, wall_s=1.0)
     assert f["learn.mixed_groups.first"] == pytest.approx(0.375)
     assert f["learn.mixed_groups.last"] == pytest.approx(0.625)
+    assert f["learn.solved_groups.first"] == f["learn.failed_groups.first"] == pytest.approx(0.3125)
+    assert f["learn.solved_groups.last"] == pytest.approx(0.1875)
 
 
 def test_compare_pairs_trials_by_level_and_seed():

@@ -39,7 +39,19 @@ def test_means_and_counts_follow_the_credits():
     for t in archive.trials:
         groups.setdefault(t.task, set()).add(bool(t.success))
     assert diag["diag/mixed_groups"] == pytest.approx(np.mean([len(s) == 2 for s in groups.values()]))
+    assert diag["diag/solved_groups"] == pytest.approx(np.mean([s == {True} for s in groups.values()]))
+    assert diag["diag/failed_groups"] == pytest.approx(np.mean([s == {False} for s in groups.values()]))
+    shares = [diag[f"diag/{k}_groups"] for k in ("mixed", "solved", "failed")]
+    assert sum(shares) == pytest.approx(1)
     assert all(math.isfinite(v) for v in diag.values())
+
+
+def test_the_solver_saturates_its_groups():
+    """Every group of the deterministic solver is all-solved: no mixed group, so no success signal."""
+    archive = _run(0.0, "P@1")
+    diag = update_diagnostics(archive, compute_advantages(archive))
+    assert diag["diag/mixed_groups"] == 0 and diag["diag/failed_groups"] == 0
+    assert diag["diag/solved_groups"] == pytest.approx(np.mean([t.success for t in archive.trials]))
 
 
 def test_a_kind_without_decisions_has_a_zero_count_and_no_mean():

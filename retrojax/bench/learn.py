@@ -12,7 +12,8 @@ Figures (stable keys):
   ``learn.rl_wall_s``: the RL updates alone;
 - ``learn.success.first`` / ``learn.success.last``: mean training-batch success of the first two and the
   last two updates (pooled over their trials), with ``….ci95_lo/hi`` (Wilson);
-- ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure;
+- ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure
+  (``learn.solved_groups.*`` / ``learn.failed_groups.*``: all solved / all failed — groups without a signal);
 - ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
 - ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only).
 
@@ -68,9 +69,11 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         out["learn.success.change"] = float(change["change"])
         w = len(change["first"]["updates"])
         for name, points in (("first", curve[:w]), ("last", curve[-w:])):
-            mixed = [float(p["diag/mixed_groups"]) for p in points if p.get("diag/mixed_groups") is not None]
-            if mixed:
-                out[f"learn.mixed_groups.{name}"] = float(np.mean(mixed))
+            for kind in ("mixed", "solved", "failed"):
+                shares = [float(p[f"diag/{kind}_groups"]) for p in points
+                          if p.get(f"diag/{kind}_groups") is not None]
+                if shares:
+                    out[f"learn.{kind}_groups.{name}"] = float(np.mean(shares))
     for label, key in (("SFT", "sft"), ("RL", "rl")):
         r = summary["results"][label][protocol]
         out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])

@@ -12,9 +12,9 @@ from typing import Any
 from retrojax.eval import report
 
 # Per-update diagnostics carried into the curve (the trainer logs them; see retrojax.learn.diagnostics).
-DIAGNOSTICS = ("diag/mixed_groups", "diag/adv/move", "diag/adv/rewind", "diag/adv/invalid",
-               "diag/adv/reflection", "train/approx_kl", "diag/kl_ref", "train/entropy_est",
-               "rollout/invalid", "train/optimizer_steps")
+DIAGNOSTICS = ("diag/mixed_groups", "diag/solved_groups", "diag/failed_groups", "diag/adv/move",
+               "diag/adv/rewind", "diag/adv/invalid", "diag/adv/reflection", "train/approx_kl", "diag/kl_ref",
+               "train/entropy_est", "rollout/invalid", "train/optimizer_steps")
 
 
 def learning_curve(history: list[dict[str, float]]) -> list[dict[str, Any]]:
@@ -72,9 +72,10 @@ def batch_success_note(change: dict[str, Any] | None) -> str:
 
 
 def diagnostics_table(curve: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of the per-update diagnostics (success, mixed groups, mean advantage by decision kind,
-    KL to the behaviour and reference policies, entropy, invalid turns, optimizer steps)."""
+    """A Markdown table of the per-update diagnostics (success, group composition, mean advantage by decision
+    kind, KL to the behaviour and reference policies, entropy, invalid turns, optimizer steps)."""
     cols = [("success", "success", "{:.0%}"), ("mixed groups", "diag/mixed_groups", "{:.0%}"),
+            ("all solved", "diag/solved_groups", "{:.0%}"), ("all failed", "diag/failed_groups", "{:.0%}"),
             ("A move", "diag/adv/move", "{:+.2f}"), ("A rewind", "diag/adv/rewind", "{:+.2f}"),
             ("A invalid", "diag/adv/invalid", "{:+.2f}"), ("A reflection", "diag/adv/reflection", "{:+.2f}"),
             ("KL behaviour", "train/approx_kl", "{:.4f}"), ("KL ref", "diag/kl_ref", "{:.4f}"),

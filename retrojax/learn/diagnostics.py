@@ -27,20 +27,30 @@ def decision_kind(call: CallRecord) -> str:
     return "rewind" if call.is_rewind else "move"
 
 
-def mixed_group_fraction(archive: Archive) -> float:
-    """Share of task groups whose trials hold both a success and a failure (NaN without trials)."""
+def group_composition(archive: Archive) -> dict[str, float]:
+    """Shares of task groups that are mixed (a success and a failure: the only groups whose macro advantage
+    can rank trials), all solved and all failed — NaN each without trials. A pool whose groups saturate into
+    all-solved / all-failed leaves RL without a success signal however long it runs."""
     by_task: dict[int, list[bool]] = defaultdict(list)
     for t in archive.trials:
         by_task[t.task].append(bool(t.success))
     if not by_task:
-        return float("nan")
-    return float(np.mean([any(v) and not all(v) for v in by_task.values()]))
+        return {"mixed": float("nan"), "solved": float("nan"), "failed": float("nan")}
+    groups = list(by_task.values())
+    return {"mixed": float(np.mean([any(v) and not all(v) for v in groups])),
+            "solved": float(np.mean([all(v) for v in groups])),
+            "failed": float(np.mean([not any(v) for v in groups]))}
+
+
+def mixed_group_fraction(archive: Archive) -> float:
+    """Share of task groups whose trials hold both a success and a failure (NaN without trials)."""
+    return group_composition(archive)["mixed"]
 
 
 def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
-    """``diag/mixed_groups``, ``diag/adv/<kind>`` (mean advantage over all trials), ``diag/adv_failed/<kind>``
-    (in failed trials only; a mean is left out when its kind made no decision), ``diag/count/<kind>`` and
-    ``diag/invalid_per_trial``."""
+    """``diag/mixed_groups`` / ``diag/solved_groups`` / ``diag/failed_groups``, ``diag/adv/<kind>`` (mean
+    advantage over all trials), ``diag/adv_failed/<kind>`` (in failed trials only; a mean is left out when its
+    kind made no decision), ``diag/count/<kind>`` and ``diag/invalid_per_trial``."""
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
     success = {(t.task, t.trial): bool(t.success) for t in archive.trials}
     values: dict[str, list[float]] = defaultdict(list)
@@ -53,7 +63,7 @@ def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
         values[kind].append(cr.advantage)
         if not success.get((cr.task, cr.trial), False):
             failed[kind].append(cr.advantage)
-    out = {"diag/mixed_groups": mixed_group_fraction(archive)}
+    out = {f"diag/{name}_groups": share for name, share in group_composition(archive).items()}
     for kind in KINDS:
         out[f"diag/count/{kind}"] = float(len(values[kind]))
         if values[kind]:  # a kind with no decision this update has a count of 0 and no mean (not NaN)
