@@ -282,7 +282,11 @@ def run(cfg: Any) -> Path:
                    f"{cfg.trial.trials_per_task} trials ({cfg.trial.protocol}), estimator {lc.estimator}, "
                    f"reflection reward {lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}"
                    + (f", invalid-turn penalty {lc.invalid_penalty} (ours, not the paper's: C.2 gives δ = 0)"
-                      if lc.invalid_penalty else ""))
+                      if lc.invalid_penalty else "")
+                   + (f", KL penalty to the SFT policy {lc.kl_coef} (ours: the paper names none)"
+                      if lc.kl_coef else "")
+                   + (f", rewind return `{lc.rewind_return}` (ours)"
+                      if lc.rewind_return != "segment" else ""))
     facts["budgets"] = (f"{cfg.trial.max_calls} calls per trial, branch budget {cfg.trial.branch_budget}, "
                         f"{cfg.trial.prompt_style} prompts, temperature {cfg.sampler.temperature}")
     notes = closing_notes(results, history, cfg)
