@@ -59,6 +59,7 @@ QUICK = [
 def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str = "T@3") -> dict[str, Any]:
     """The bench figures from a demo ``summary.json`` (see the module docstring)."""
     from retrojax.learn.curves import batch_success_change
+    from retrojax.learn.diagnostics import GROUP_SHARES
 
     curve = summary["curve"]
     out: dict[str, Any] = {"learn.updates": len(curve), "learn.wall_s": float(wall_s),
@@ -73,7 +74,7 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         out["learn.success.change"] = float(change["change"])
         w = len(change["first"]["updates"])
         for name, points in (("first", curve[:w]), ("last", curve[-w:])):
-            for kind in ("mixed", "solved", "failed"):
+            for kind in GROUP_SHARES:
                 shares = [float(p[f"diag/{kind}_groups"]) for p in points
                           if p.get(f"diag/{kind}_groups") is not None]
                 if shares:

@@ -16,6 +16,7 @@ from retrojax.agent.archive import EXECUTION, Archive, CallRecord
 from retrojax.learn.advantages import Advantages
 
 KINDS = ("move", "rewind", "invalid", "reflection")
+GROUP_SHARES = ("mixed", "solved", "failed")  # diag/<share>_groups: how the task groups split by outcome
 
 
 def decision_kind(call: CallRecord) -> str:
@@ -35,16 +36,11 @@ def group_composition(archive: Archive) -> dict[str, float]:
     for t in archive.trials:
         by_task[t.task].append(bool(t.success))
     if not by_task:
-        return {"mixed": float("nan"), "solved": float("nan"), "failed": float("nan")}
+        return dict.fromkeys(GROUP_SHARES, float("nan"))
     groups = list(by_task.values())
     return {"mixed": float(np.mean([any(v) and not all(v) for v in groups])),
             "solved": float(np.mean([all(v) for v in groups])),
             "failed": float(np.mean([not any(v) for v in groups]))}
-
-
-def mixed_group_fraction(archive: Archive) -> float:
-    """Share of task groups whose trials hold both a success and a failure (NaN without trials)."""
-    return group_composition(archive)["mixed"]
 
 
 def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
