@@ -120,6 +120,12 @@ class ModelTrials:
         if self.policy.sampler is not None:
             self.policy.sampler.update_model(model)
 
+    def restart_sampling(self, seed: int) -> None:
+        """Restart the sampling key stream at ``seed``: two evaluations that restart alike draw the same
+        random numbers, so the SFT-vs-RL comparison is paired in its randomness too (common random numbers)
+        and one policy evaluated twice scores the same."""
+        self.policy.seed, self.policy.ticks = int(seed), 0
+
     def run(self, env: Any, specs: Sequence[Any]) -> Archive:
         from retrojax.agent.runner import Runner
 
@@ -148,6 +154,7 @@ def evaluate(cfg: Any, trials: ModelTrials, env: Any, label: str) -> tuple[dict[
           f"x {cfg.eval.seeds} seed(s)", flush=True)
     from retrojax.agent.runner import make_specs
 
+    trials.restart_sampling(cfg.run.seed)
     archive = trials.run(env, make_specs(range(n), range(cfg.eval.seeds), 1, cfg.eval.protocols))
     return summarize(archive.trials), archive
 

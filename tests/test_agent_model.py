@@ -83,3 +83,24 @@ def test_model_policy_smoke_run(tiny):
             assert np.all(np.isfinite(c.logprobs)) and np.all(c.logprobs <= 0)
             assert c.prompt_ids.size > 0 and c.finish_reason in ("stop", "length")
     assert set(metrics["results"]) == {"P@1", "T@1", "T@3"}
+
+
+def test_demo_evaluations_draw_common_random_numbers(tiny):
+    """The demo scores SFT and RL on the same levels with the same sampling stream: one policy evaluated
+    twice (with training batches sampled in between) gives the same replies, so a held-out difference is the
+    policies', not the dice's."""
+    from retrojax.demo import ModelTrials, evaluate
+
+    model, tok = tiny
+    cfg = config.load(None, ["trial.max_calls=4", "trial.branch_budget=2", "trial.prompt_style=compact",
+                             "sampler.max_len=1024", "sampler.max_new_tokens=12", "sampler.temperature=1.0",
+                             "sampler.max_reflection_tokens=12", "sampler.chunk_buckets=[128, 512]",
+                             "eval.num_tasks=3", "eval.seeds=1", "eval.protocols=[T@1]"])
+    env = SokobanEnv("sokoban-6x6-2:test")
+    trials = ModelTrials(cfg, tok, model)
+    _, first = evaluate(cfg, trials, env, "first")
+    trials.run(env, [TrialSpec(trial=0, task=5, seed=9, replicate=0, protocol="T@1")])  # the stream moves on
+    _, second = evaluate(cfg, trials, env, "second")
+    env.close()
+    replies = [[(c.trial, c.output_ids.tobytes()) for c in a.calls] for a in (first, second)]
+    assert replies[0] and replies[0] == replies[1]
