@@ -32,6 +32,7 @@ import numpy as np
 
 from retrojax.agent.archive import Archive
 from retrojax.eval import report
+from retrojax.eval.first_move import FirstMoveProbe
 from retrojax.learn.curves import batch_success_change, batch_success_note, diagnostics_table, learning_curve
 from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
 
@@ -194,6 +195,9 @@ def run(cfg: Any) -> Path:
     train_env = make_env(cfg, f"{cfg.env.split}:train")
     test_env = make_env(cfg, f"{cfg.env.split}:test")
     n_eval = min(cfg.eval.num_tasks or test_env.num_tasks, test_env.num_tasks)
+    # does the policy read the board? (first moves vs the expert's, on the training batch and held out)
+    train_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:train"))
+    test_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:test"))
     facts["levels"] = (f"`{cfg.env.split}`: {train_env.num_tasks} training, {test_env.num_tasks} test levels "
                        f"(evaluation uses the first {n_eval})")
 
@@ -249,7 +253,11 @@ def run(cfg: Any) -> Path:
                            protocol=cfg.trial.protocol)
                  for i, (task, seed) in enumerate(zip(tasks, seeds, strict=True)) for r in range(b)]
         archive = trials.run(train_env, specs)
-        return archive, rollout_metrics(archive)
+        metrics = rollout_metrics(archive)
+        agree = train_probe.agreement(archive)
+        if agree is not None:
+            metrics["expert_first_move"] = agree
+        return archive, metrics
 
     def periodic_eval(policy_model: Any, iteration: int) -> dict:
         """Success on the held-out levels under the training protocol (learning-curve points)."""
@@ -276,6 +284,12 @@ def run(cfg: Any) -> Path:
 
     stages.begin("report")
     results = {"SFT": sft_summary["results"], "RL": rl_summary["results"]}
+    first_moves = {label: test_probe.agreement(arch) for label, arch in (("SFT", sft_archive),
+                                                                          ("RL", rl_archive))}
+    if first_moves["SFT"] is not None:
+        facts["first moves"] = ("share of held-out trials whose first move is one of the expert's best at "
+                                f"C_0: SFT {first_moves['SFT']:.0%}, RL {first_moves['RL']:.0%} "
+                                "(a policy that ignores the board stays near the split's marginal)")
     curve = learning_curve(history)
     attempts = {}
     for label, arch in (("SFT", sft_archive), ("RL", rl_archive)):
@@ -311,7 +325,7 @@ def run(cfg: Any) -> Path:
                "sft": sft_stats, "demonstrations": demo_stats, "curve": curve, "attempts": attempts,
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
                "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path),
-               "train_tasks": trainer.tasks.num_tasks,
+               "train_tasks": trainer.tasks.num_tasks, "heldout_expert_first_move": first_moves,
                "heldout_trials": {label: [[t.protocol, int(t.task), int(t.seed), bool(t.success)]
                                           for t in arch.trials]
                                   for label, arch in (("SFT", sft_archive), ("RL", rl_archive))}}

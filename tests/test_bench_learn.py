@@ -55,3 +55,17 @@ def test_compare_pairs_trials_by_level_and_seed():
     assert f["compare.retrail_minus_sft.T@3.ci95_lo"] > 0.0
     assert f["compare.grpo_minus_sft.T@3"] == 0.0
     assert "compare.sft_more.T@3" not in f and "compare.retrail_minus_sft_more.T@3" not in f
+
+
+def test_expert_first_move_agreement_is_reported_per_window_and_held_out():
+    curve = [{"update": i + 1, "success": 0.5, "trials": 32, "wall_s": 60.0 * (i + 1),
+              "rollout/expert_first_move": a} for i, a in enumerate([0.25, 0.5, 0.75, 1.0])]
+    results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
+    f = figures_from_summary({"curve": curve, "results": results,
+                              "heldout_expert_first_move": {"SFT": 0.3, "RL": 0.4}}, wall_s=1.0)
+    assert f["learn.expert_first_move.first"] == pytest.approx(0.375)
+    assert f["learn.expert_first_move.last"] == pytest.approx(0.875)
+    assert f["learn.heldout.sft.expert_first_move"] == 0.3 and f["learn.heldout.rl.expert_first_move"] == 0.4
+    old = figures_from_summary({"curve": curve[:2], "results": results}, wall_s=1.0)  # an older summary
+    assert "learn.heldout.sft.expert_first_move" not in old

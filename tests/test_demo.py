@@ -57,6 +57,8 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     cfg = config.load("configs/demo.yaml")
     steps_per_update = cfg.learn.epochs * cfg.learn.minibatches  # one AdamW step per minibatch per epoch
     assert 0.0 <= point["diag/mixed_groups"] <= 1.0
+    assert 0.0 <= point["rollout/expert_first_move"] <= 1.0  # does the policy read the board?
+    assert all(0.0 <= summary["heldout_expert_first_move"][k] <= 1.0 for k in ("SFT", "RL"))
     assert point["train/optimizer_steps"] in (0.0, steps_per_update)
     assert {tuple(x[:3]) for x in summary["heldout_trials"]["SFT"]} == {
         tuple(x[:3]) for x in summary["heldout_trials"]["RL"]}  # paired: same levels, seeds, protocols

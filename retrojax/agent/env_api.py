@@ -187,6 +187,10 @@ class TrialEnv(abc.ABC):
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         """The best next action text per slot (None when the world knows none, e.g. a dead state)."""
 
+    def optimal_actions(self, slots: Sequence[int]) -> list[list[str]]:
+        """Every best next action per slot, where a world knows more than one (default: the expert's)."""
+        return [[] if a is None else [a] for a in self.expert_actions(slots)]
+
     @abc.abstractmethod
     def random_actions(
         self, slots: Sequence[int], rng: np.random.Generator, avoid: Sequence[frozenset[str]] = ()

@@ -291,12 +291,12 @@ class SokobanEnv(FunctionalEnv):
 
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         """One move that starts a shortest solution (the first such in up, down, left, right order)."""
+        return [moves[0] if moves else None for moves in self.optimal_actions(slots)]
+
+    def optimal_actions(self, slots: Sequence[int]) -> list[list[str]]:
+        """Every move that starts a shortest solution (none in a dead state)."""
         optimal = np.asarray(_sokoban_optimal(self.bank.tables, self.trail))
-        out: list[str | None] = []
-        for s in slots:
-            moves = np.nonzero(optimal[s])[0]
-            out.append(parse.SOKOBAN_MOVES[int(moves[0])] if moves.size else None)
-        return out
+        return [[parse.SOKOBAN_MOVES[int(m)] for m in np.nonzero(optimal[s])[0]] for s in slots]
 
     def random_actions(self, slots: Sequence[int], rng: np.random.Generator,
                        avoid: Sequence[frozenset[str]] = ()) -> list[str]:

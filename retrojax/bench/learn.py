@@ -15,6 +15,9 @@ Figures (stable keys):
 - ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure
   (``learn.solved_groups.*`` / ``learn.failed_groups.*``: all solved / all failed — groups without a signal);
 - ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
+- ``learn.expert_first_move.first`` / ``.last`` (training batch, same windows) and
+  ``learn.heldout.{sft,rl}.expert_first_move``: share of trials whose first move is one of the expert's best
+  at ``C_0`` — does the policy read the board (:mod:`retrojax.eval.first_move`)?
 - ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only).
 
 Goal (issue 22), on an otherwise idle 2-core machine within 20 minutes: ``learn.success.last −
@@ -79,11 +82,18 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
                           if p.get(f"diag/{kind}_groups") is not None]
                 if shares:
                     out[f"learn.{kind}_groups.{name}"] = float(np.mean(shares))
+            agree = [float(p["rollout/expert_first_move"]) for p in points
+                     if p.get("rollout/expert_first_move") is not None]
+            if agree:
+                out[f"learn.expert_first_move.{name}"] = float(np.mean(agree))
     for label, key in (("SFT", "sft"), ("RL", "rl")):
         r = summary["results"][label][protocol]
         out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])
         name = f"learn.heldout.{key}.{protocol}"
         out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = r["ci95"]
+        agree = (summary.get("heldout_expert_first_move") or {}).get(label)
+        if agree is not None:
+            out[f"learn.heldout.{key}.expert_first_move"] = float(agree)
     out["learn.curve"] = [[int(p["update"]), round(float(p["wall_s"]) / 60.0, 3), float(p["success"])]
                           for p in curve]
     return out

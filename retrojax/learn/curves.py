@@ -12,9 +12,10 @@ from typing import Any
 from retrojax.eval import report
 
 # Per-update diagnostics carried into the curve (the trainer logs them; see retrojax.learn.diagnostics).
-DIAGNOSTICS = ("diag/mixed_groups", "diag/solved_groups", "diag/failed_groups", "diag/adv/move",
-               "diag/adv/rewind", "diag/adv/invalid", "diag/adv/reflection", "train/approx_kl", "diag/kl_ref",
-               "train/entropy_est", "rollout/invalid", "train/optimizer_steps")
+DIAGNOSTICS = ("rollout/expert_first_move", "diag/mixed_groups", "diag/solved_groups", "diag/failed_groups",
+               "diag/adv/move", "diag/adv/rewind", "diag/adv/invalid", "diag/adv/reflection",
+               "train/approx_kl", "diag/kl_ref", "train/entropy_est", "rollout/invalid",
+               "train/optimizer_steps")
 
 
 def learning_curve(history: list[dict[str, float]]) -> list[dict[str, Any]]:
@@ -74,7 +75,8 @@ def batch_success_note(change: dict[str, Any] | None) -> str:
 def diagnostics_table(curve: Sequence[dict[str, Any]]) -> str:
     """A Markdown table of the per-update diagnostics (success, group composition, mean advantage by decision
     kind, KL to the behaviour and reference policies, entropy, invalid turns, optimizer steps)."""
-    cols = [("success", "success", "{:.0%}"), ("mixed groups", "diag/mixed_groups", "{:.0%}"),
+    cols = [("success", "success", "{:.0%}"), ("expert 1st move", "rollout/expert_first_move", "{:.0%}"),
+            ("mixed groups", "diag/mixed_groups", "{:.0%}"),
             ("all solved", "diag/solved_groups", "{:.0%}"), ("all failed", "diag/failed_groups", "{:.0%}"),
             ("A move", "diag/adv/move", "{:+.2f}"), ("A rewind", "diag/adv/rewind", "{:+.2f}"),
             ("A invalid", "diag/adv/invalid", "{:+.2f}"), ("A reflection", "diag/adv/reflection", "{:+.2f}"),
