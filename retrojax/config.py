@@ -40,6 +40,7 @@ class EnvConfig:
     step_timeout_s: float = 30.0
     data_dir: str | None = None  # real ALFWorld games (standard layout) for split alfworld-data:PART
     text_step_limit: int = 100  # ScienceWorld: moves before an episode ends (as its wrapper)
+    board_notes: bool = False  # Sokoban, ours (tiny models): a line per box: its place from you, its target
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,3 +75,34 @@ def render_board(board: np.ndarray) -> str:
     if board.ndim != 2:
         raise ValueError(f"render expects one room (a 2-D board), got shape {board.shape}")
     return "\n".join(f"{i}: " + " ".join(SYMBOLS[int(c)] for c in row) for i, row in enumerate(board))
+
+
+def _direction(dr: int, dc: int) -> str:
+    vertical = "up" if dr < 0 else "down" if dr > 0 else ""
+    horizontal = "left" if dc < 0 else "right" if dc > 0 else ""
+    return "-".join(w for w in (vertical, horizontal) if w) or "here"
+
+
+def board_notes(board: np.ndarray) -> str:
+    """One line per box not on a target: where it lies from you and where the nearest free target lies from
+    it, e.g. ``box r2 c2: left of you; nearest target r1 c1: up-left of the box``.
+
+    Ours, for tiny models (``env.board_notes``): the grid says the same, but a two-layer model learns to
+    find these relations from a grid slowly (docs/benchmarks.md#learn).
+    """
+    board = np.asarray(board)
+    player = np.argwhere(np.isin(board, (PLAYER, PLAYER_T)))
+    boxes = np.argwhere(board == BOX)
+    targets = np.argwhere(np.isin(board, (TARGET, PLAYER_T)))
+    if len(player) != 1:
+        raise ValueError(f"board notes need exactly one player, found {len(player)}")
+    pr, pc = (int(x) for x in player[0])
+    lines = []
+    for br, bc in ((int(r), int(c)) for r, c in boxes):
+        line = f"box r{br} c{bc}: {_direction(br - pr, bc - pc)} of you"
+        if len(targets):
+            d = np.abs(targets - (br, bc)).sum(axis=1)
+            tr, tc = (int(x) for x in targets[int(np.argmin(d))])
+            line += f"; nearest target r{tr} c{tc}: {_direction(tr - br, tc - bc)} of the box"
+        lines.append(line)
+    return "\n".join(lines) if lines else "every box is on a target"

@@ -216,11 +216,13 @@ class SokobanEnv(FunctionalEnv):
     value_from_initial = True  # C.2: V = d_0 − d_end with d_0 the initial state's distance, not the anchor's
     code_width = 3
 
-    def __init__(self, split: str, cache_dir: str | None = None, num_tasks: int | None = None):
+    def __init__(self, split: str, cache_dir: str | None = None, num_tasks: int | None = None,
+                 board_notes: bool = False):
         import envs.sokoban as sokoban
 
         super().__init__(split)
         self.lib = sokoban
+        self.board_notes = board_notes  # ours: relations of boxes, you and targets under the grid
         self.bank = sokoban.load_split(split, cache_dir)
         self._n = len(self.bank) if num_tasks is None else min(num_tasks, len(self.bank))
         self.height, self.width = (int(x) for x in self.bank.boards.shape[1:])
@@ -270,7 +272,11 @@ class SokobanEnv(FunctionalEnv):
         return state_key_of_arrays(self._boards[slot], self._host.player[slot])
 
     def observations(self, slots: Sequence[int]) -> list[str]:
-        return [self.lib.render(self._boards[s]) for s in slots]
+        if not self.board_notes:
+            return [self.lib.render(self._boards[s]) for s in slots]
+        from envs.sokoban.text import board_notes
+
+        return [f"{self.lib.render(self._boards[s])}\n{board_notes(self._boards[s])}" for s in slots]
 
     def parse_action(self, text: str) -> Action:
         return parse.parse_sokoban(text)
@@ -329,7 +335,8 @@ def _sokoban_optimal(tables: Any, tr: trail_lib.Trail) -> jax.Array:
 
 
 def make_sokoban(cfg: Any, split: str | None = None) -> SokobanEnv:
-    return SokobanEnv(_split_of(cfg, split, "sokoban"), cfg.env.cache_dir, cfg.env.num_tasks)
+    return SokobanEnv(_split_of(cfg, split, "sokoban"), cfg.env.cache_dir, cfg.env.num_tasks,
+                      board_notes=cfg.env.board_notes)
 
 
 # --------------------------------------------------------------------------------------------------
