@@ -33,7 +33,13 @@ import numpy as np
 from retrojax.agent.archive import Archive
 from retrojax.eval import report
 from retrojax.eval.first_move import FirstMoveProbe
-from retrojax.learn.curves import batch_success_change, batch_success_note, diagnostics_table, learning_curve
+from retrojax.learn.curves import (
+    batch_success_change,
+    batch_success_note,
+    diagnostics_table,
+    learning_curve,
+    pool_window,
+)
 from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
 
 
@@ -325,7 +331,8 @@ def run(cfg: Any) -> Path:
                "sft": sft_stats, "demonstrations": demo_stats, "curve": curve, "attempts": attempts,
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
                "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path),
-               "train_tasks": trainer.tasks.num_tasks, "heldout_expert_first_move": first_moves,
+               "train_tasks": trainer.tasks.num_tasks, "tasks_per_update": cfg.learn.tasks_per_update,
+               "heldout_expert_first_move": first_moves,
                "heldout_trials": {label: [[t.protocol, int(t.task), int(t.seed), bool(t.success)]
                                           for t in arch.trials]
                                   for label, arch in (("SFT", sft_archive), ("RL", rl_archive))}}
@@ -337,7 +344,8 @@ def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg:
     """What the numbers say, without spin."""
     notes = []
     if history:
-        notes.append(batch_success_note(batch_success_change(learning_curve(history))))
+        window = pool_window(getattr(cfg.learn, "train_tasks", None), cfg.learn.tasks_per_update)
+        notes.append(batch_success_note(batch_success_change(learning_curve(history), window=window)))
     for p in cfg.eval.protocols:
         if p in results.get("SFT", {}) and p in results.get("RL", {}):
             notes.append("Held-out: " + report.compare_sentence(results, "SFT", "RL", p))

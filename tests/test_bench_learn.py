@@ -69,3 +69,21 @@ def test_expert_first_move_agreement_is_reported_per_window_and_held_out():
     assert f["learn.heldout.sft.expert_first_move"] == 0.3 and f["learn.heldout.rl.expert_first_move"] == 0.4
     old = figures_from_summary({"curve": curve[:2], "results": results}, wall_s=1.0)  # an older summary
     assert "learn.heldout.sft.expert_first_move" not in old
+
+
+def test_windows_cover_one_pass_over_a_larger_pool():
+    from retrojax.learn.curves import pool_window
+
+    assert pool_window(4, 4) == 2 and pool_window(None, 4) == 2 and pool_window(16, 4) == 4
+    assert pool_window(10, 4) == 3 and pool_window(16, 0) == 2
+    # 16 levels, 4 per update: updates 1-4 and 5-8 are passes over the same levels
+    curve = [{"update": i + 1, "success": s, "trials": 32, "wall_s": 60.0 * (i + 1)}
+             for i, s in enumerate([0.0, 0.25, 0.5, 0.25, 0.5, 0.75, 1.0, 0.75])]
+    results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
+    f = figures_from_summary({"curve": curve, "results": results, "train_tasks": 16, "tasks_per_update": 4},
+                             wall_s=1.0)
+    assert f["learn.window_updates"] == 4
+    assert f["learn.success.first"] == pytest.approx(0.25) and f["learn.success.last"] == pytest.approx(0.75)
+    older = figures_from_summary({"curve": curve, "results": results, "train_tasks": 16}, wall_s=1.0)
+    assert older["learn.window_updates"] == 2 and older["learn.success.first"] == pytest.approx(0.125)

@@ -10,8 +10,10 @@ Figures (stable keys):
 
 - ``learn.updates``: K; ``learn.wall_s``: wall time of the whole run (demonstrations to last evaluation);
   ``learn.rl_wall_s``: the RL updates alone;
-- ``learn.success.first`` / ``learn.success.last``: mean training-batch success of the first two and the
-  last two updates (pooled over their trials), with ``….ci95_lo/hi`` (Wilson);
+- ``learn.success.first`` / ``learn.success.last``: mean training-batch success of the first and the last
+  ``learn.window_updates`` updates (pooled over their trials), with ``….ci95_lo/hi`` (Wilson); a window is
+  two updates, or one pass over a larger pool (``train_tasks / tasks_per_update`` updates) so both windows
+  hold the same levels;
 - ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure
   (``learn.solved_groups.*`` / ``learn.failed_groups.*``: all solved / all failed — groups without a signal);
 - ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
@@ -61,7 +63,7 @@ QUICK = [
 
 def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str = "T@3") -> dict[str, Any]:
     """The bench figures from a demo ``summary.json`` (see the module docstring)."""
-    from retrojax.learn.curves import batch_success_change
+    from retrojax.learn.curves import batch_success_change, pool_window
     from retrojax.learn.diagnostics import GROUP_SHARES
 
     curve = summary["curve"]
@@ -69,7 +71,9 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
                            "learn.rl_wall_s": float(curve[-1]["wall_s"]) if curve else 0.0}
     if summary.get("train_tasks") is not None:
         out["learn.train_tasks"] = int(summary["train_tasks"])
-    change = batch_success_change(curve, window=2)
+    window = pool_window(summary.get("train_tasks"), int(summary.get("tasks_per_update") or 0))
+    out["learn.window_updates"] = window
+    change = batch_success_change(curve, window=window)
     if change is not None:
         for name in ("first", "last"):
             out[f"learn.success.{name}"] = float(change[name]["success"])

@@ -30,6 +30,15 @@ def learning_curve(history: list[dict[str, float]]) -> list[dict[str, Any]]:
     return curve
 
 
+def pool_window(train_tasks: int | None, tasks_per_update: int, minimum: int = 2) -> int:
+    """Updates per first/last window: at least ``minimum`` and at least one pass over a fixed training pool
+    (``train_tasks / tasks_per_update`` updates), so both windows hold every pool level — equally often when
+    the run is a whole number of passes. Fresh levels every update (no pool): ``minimum``."""
+    if not train_tasks or tasks_per_update < 1:
+        return minimum
+    return max(minimum, -(-int(train_tasks) // int(tasks_per_update)))
+
+
 def batch_success_change(curve: Sequence[dict[str, Any]], window: int = 2) -> dict[str, Any] | None:
     """Training-batch success of the first vs the last ``window`` updates (fewer when the run is short, so
     the two windows never share an update), pooled over their trials, with Wilson 95% intervals."""
