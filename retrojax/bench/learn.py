@@ -80,16 +80,13 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
             out[f"learn.success.{name}.ci95_lo"], out[f"learn.success.{name}.ci95_hi"] = change[name]["ci95"]
         out["learn.success.change"] = float(change["change"])
         w = len(change["first"]["updates"])
+        window_means = {f"{kind}_groups": f"diag/{kind}_groups" for kind in GROUP_SHARES}
+        window_means["expert_first_move"] = "rollout/expert_first_move"
         for name, points in (("first", curve[:w]), ("last", curve[-w:])):
-            for kind in GROUP_SHARES:
-                shares = [float(p[f"diag/{kind}_groups"]) for p in points
-                          if p.get(f"diag/{kind}_groups") is not None]
-                if shares:
-                    out[f"learn.{kind}_groups.{name}"] = float(np.mean(shares))
-            agree = [float(p["rollout/expert_first_move"]) for p in points
-                     if p.get("rollout/expert_first_move") is not None]
-            if agree:
-                out[f"learn.expert_first_move.{name}"] = float(np.mean(agree))
+            for figure, key in window_means.items():
+                values = [float(p[key]) for p in points if p.get(key) is not None]
+                if values:
+                    out[f"learn.{figure}.{name}"] = float(np.mean(values))
     for label, key in (("SFT", "sft"), ("RL", "rl")):
         r = summary["results"][label][protocol]
         out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])

@@ -47,7 +47,7 @@ class FirstMoveProbe:
             env.reset(slots, missing)
             for task, options in zip(missing, env.optimal_actions(slots), strict=True):
                 parsed = [env.parse_action(text) for text in options]
-                self.best[task] = {_primitive(a, len(a.code) if a.code else 1) for a in parsed if a.is_move}
+                self.best[task] = {_primitive(a, len(a.code)) for a in parsed if a.is_move}
             self.parse = env.parse_action
         finally:
             env.close()
