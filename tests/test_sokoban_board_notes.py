@@ -57,3 +57,16 @@ def test_other_worlds_reject_the_option():
     cfg = config.load(None, ["env.name=minesweeper", "env.board_notes=true"])
     with pytest.raises(ValueError, match="board_notes"):
         make_env(cfg)
+
+
+def test_only_the_tiny_demo_model_reads_notes():
+    """The notes are ours, for the demo's 2-layer model; every config for a real model keeps the paper's
+    prompt (no notes), and the demo's config turns them on."""
+    from pathlib import Path
+
+    assert config.load("configs/demo.yaml").env.board_notes
+    for path in sorted(Path("configs").rglob("*.yaml")):
+        if path.name == "demo.yaml":
+            continue
+        cfg = config.load(str(path))
+        assert not cfg.env.board_notes, path
