@@ -316,7 +316,9 @@ def run(cfg: Any) -> Path:
                       if lc.rewind_return != "segment" else ""))
     facts["budgets"] = (f"{cfg.trial.max_calls} calls per trial, branch budget {cfg.trial.branch_budget}, "
                         f"{cfg.trial.prompt_style} prompts, temperature {cfg.sampler.temperature}")
-    notes = closing_notes(results, history, cfg)
+    # first/last windows: one pass over the pool the trainer really plays (capped to the split), 2 without one
+    window = pool_window(trainer.tasks.num_tasks if lc.train_tasks is not None else None, lc.tasks_per_update)
+    notes = closing_notes(results, history, cfg, window=window)
     stages.end()
     path = report.write_report(
         out, title="retrojax demo: a small Qwen3 agent learns Sokoban with ReTRAIL", results=results,
@@ -332,6 +334,7 @@ def run(cfg: Any) -> Path:
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
                "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path),
                "train_tasks": trainer.tasks.num_tasks, "tasks_per_update": cfg.learn.tasks_per_update,
+               "window_updates": window,
                "heldout_expert_first_move": first_moves,
                "heldout_trials": {label: [[t.protocol, int(t.task), int(t.seed), bool(t.success)]
                                           for t in arch.trials]
@@ -340,11 +343,11 @@ def run(cfg: Any) -> Path:
     return path
 
 
-def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg: Any) -> list[str]:
-    """What the numbers say, without spin."""
+def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg: Any,
+                  window: int = 2) -> list[str]:
+    """What the numbers say, without spin (``window``: updates per first/last training-batch window)."""
     notes = []
     if history:
-        window = pool_window(getattr(cfg.learn, "train_tasks", None), cfg.learn.tasks_per_update)
         notes.append(batch_success_note(batch_success_change(learning_curve(history), window=window)))
     for p in cfg.eval.protocols:
         if p in results.get("SFT", {}) and p in results.get("RL", {}):

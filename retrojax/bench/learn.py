@@ -71,7 +71,9 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
                            "learn.rl_wall_s": float(curve[-1]["wall_s"]) if curve else 0.0}
     if summary.get("train_tasks") is not None:
         out["learn.train_tasks"] = int(summary["train_tasks"])
-    window = pool_window(summary.get("train_tasks"), int(summary.get("tasks_per_update") or 0))
+    window = summary.get("window_updates")  # the demo's own window; older summaries: derive it
+    if window is None:
+        window = pool_window(summary.get("train_tasks"), int(summary.get("tasks_per_update") or 0))
     out["learn.window_updates"] = window
     change = batch_success_change(curve, window=window)
     if change is not None:
