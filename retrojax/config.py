@@ -41,6 +41,7 @@ class EnvConfig:
     data_dir: str | None = None  # real ALFWorld games (standard layout) for split alfworld-data:PART
     text_step_limit: int = 100  # ScienceWorld: moves before an episode ends (as its wrapper)
     board_notes: bool = False  # Sokoban, ours (tiny models): a line per box: its place from you, its target
+    push_notes: bool = False  # Sokoban, ours (tiny models): where to stand for a push to a target; free moves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +181,11 @@ class SFTConfig:
     warmup_steps: int = 10
     demo_tasks: int | None = None  # ours: demonstrations on the first N training levels (None: the RL pool,
     #                                learn.train_tasks, or every level when that is None too)
+    # ours (demo stack): stop once the policy solves this share of the RL pool's trials (None: run sft.steps,
+    # which is otherwise the most); checked every check_every steps from check_from
+    stop_at_success: float | None = None
+    check_from: int = 150
+    check_every: int = 25
 
 
 @dataclasses.dataclass(frozen=True)

@@ -166,6 +166,21 @@ def evaluate(cfg: Any, trials: ModelTrials, env: Any, label: str) -> tuple[dict[
     return summarize(archive.trials), archive
 
 
+def pool_success(cfg: Any, trials: ModelTrials, env: Any, model: Any) -> float:
+    """Success of ``model`` on the RL pool (``learn.train_tasks`` levels, else one update's worth) under the
+    training protocol, ``trial.trials_per_task`` trials each: the measure ``sft.stop_at_success`` reads.
+    The sampling stream restarts at a seed of its own (evaluation restarts its own afterwards)."""
+    from retrojax.agent.trial import TrialSpec
+
+    pool = min(env.num_tasks, cfg.learn.train_tasks or cfg.learn.tasks_per_update)
+    b = cfg.trial.trials_per_task
+    trials.set_model(model)
+    trials.restart_sampling(cfg.run.seed + 104_729)
+    specs = [TrialSpec(trial=task * b + r, task=task, seed=cfg.run.seed, replicate=r,
+                       protocol=cfg.trial.protocol) for task in range(pool) for r in range(b)]
+    return float(np.mean([t.success for t in trials.run(env, specs).trials]))
+
+
 def attempts_curve(archive: Archive, protocol: str) -> list[float] | None:
     """Success within k macro-attempts from the trials of a ``T@K`` protocol."""
     from retrojax.agent.trial import parse_protocol
@@ -236,17 +251,22 @@ def run(cfg: Any) -> Path:
     facts["demonstrations"] += (f" (on the first {demo_stats['levels']} training levels; the oracle's "
                                 f"random moves are context only, never SFT targets)")
 
+    trials = ModelTrials(cfg, tokenizer, model)
     sft_stats: dict[str, Any] = {}
     if cfg.sft.steps > 0:
         stages.begin("warm start (SFT)")
-        sft_stats = warm_start(cfg, model, demos, tokenizer)
+        sft_stats = warm_start(cfg, model, demos, tokenizer,
+                               pool_success=lambda: pool_success(cfg, trials, train_env, model))
         pack = sft_stats["pack"]
-        facts["SFT"] = (f"{cfg.sft.steps} steps x {cfg.sft.batch_size} sequences on {pack['examples']} "
+        facts["SFT"] = (f"{sft_stats['steps']} steps x {cfg.sft.batch_size} sequences on {pack['examples']} "
                         f"packed sequences ({pack['own_tokens']} trained tokens, {pack['dropped']} "
                         f"longer than {cfg.sft.seq_len} dropped); held-out NLL/token "
                         f"{sft_stats['held_out_nll_before']:.3f} → {sft_stats['held_out_nll_after']:.3f}")
+        if sft_stats["pool_checks"]:
+            facts["SFT"] += (f"; stopped at the first check where the policy solved ≥ "
+                             f"{cfg.sft.stop_at_success:.0%} of the RL pool (ours; at most {cfg.sft.steps} "
+                             "steps): " + ", ".join(f"step {k} {v:.0%}" for k, v in sft_stats["pool_checks"]))
     stages.begin("evaluate SFT policy")
-    trials = ModelTrials(cfg, tokenizer, model)
     sft_summary, sft_archive = evaluate(cfg, trials, test_env, "SFT policy")
 
     stages.begin("ReTRAIL RL")

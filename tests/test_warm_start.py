@@ -78,3 +78,58 @@ def test_evaluation_list_does_not_change_the_demonstrations():
             env.close()
         digests.append([(c.trial, c.prompt_ids.tobytes(), c.output_ids.tobytes()) for c in archive.calls])
     assert digests[0] == digests[1]
+
+
+def _tiny_model():
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from retrojax.model import PRESETS, Qwen3
+
+    return Qwen3(PRESETS["tiny"], dtype=jnp.float32, rngs=nnx.Rngs(0))
+
+
+def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
+    """sft.stop_at_success (ours): the check sees the current weights; the run stops at the first step whose
+    pool success reaches the target, and the checks are logged."""
+    import jax
+
+    from retrojax.agent.chat import ByteChatTokenizer
+    from retrojax.config import replace
+    from retrojax.learn.warm_start import warm_start
+
+    cfg, archive, _ = demos
+    cfg = replace(cfg, sft={"steps": 6, "batch_size": 2, "seq_len": 4096, "stop_at_success": 0.25,
+                            "check_from": 2, "check_every": 2})
+    model = _tiny_model()
+    scripted, seen = iter([0.125, 0.25]), []
+
+    def pool_success() -> float:
+        seen.append(np.asarray(jax.device_get(model.embed[...])).copy())
+        return next(scripted)
+
+    stats = warm_start(cfg, model, archive, ByteChatTokenizer(), progress=False, pool_success=pool_success)
+    assert stats["steps"] == 4 and stats["pool_checks"] == [[2, 0.125], [4, 0.25]]
+    assert not np.array_equal(seen[0], seen[1])  # each check plays the weights of its step
+    np.testing.assert_array_equal(seen[1], np.asarray(model.embed[...]))  # the start is the stop's
+
+
+def test_warm_start_without_a_stop_rule_runs_every_step_and_rejects_bad_rules(demos):
+    from retrojax.agent.chat import ByteChatTokenizer
+    from retrojax.config import replace
+    from retrojax.learn.warm_start import warm_start
+
+    cfg, archive, _ = demos
+    cfg = replace(cfg, sft={"steps": 3, "batch_size": 2, "seq_len": 4096})
+    stats = warm_start(cfg, _tiny_model(), archive, ByteChatTokenizer(), progress=False,
+                       pool_success=lambda: 1.0)
+    assert stats["steps"] == 3 and stats["pool_checks"] == []
+    bad = (({"stop_at_success": 0.0}, "in \\(0, 1\\]"),
+           ({"stop_at_success": 0.5, "check_every": 0}, "check_every"))
+    for rule, match in bad:
+        with pytest.raises(ValueError, match=match):
+            warm_start(replace(cfg, sft=rule), _tiny_model(), archive, ByteChatTokenizer(), progress=False,
+                       pool_success=lambda: 1.0)
+    with pytest.raises(ValueError, match="RL pool"):  # `retrojax train` has no pool check
+        warm_start(replace(cfg, sft={"stop_at_success": 0.5}), _tiny_model(), archive, ByteChatTokenizer(),
+                   progress=False)

@@ -106,3 +106,54 @@ def board_notes(board: np.ndarray) -> str:
             line += f"; nearest target r{tr} c{tc}: {_direction(tr - br, tc - bc)} of the box"
         lines.append(line)
     return "\n".join(lines) if lines else "every box is on a target"
+
+
+_MOVES = (("up", -1, 0), ("down", 1, 0), ("left", 0, -1), ("right", 0, 1))
+
+
+def push_notes(board: np.ndarray) -> str:
+    """Where to stand for the push that moves each box toward its nearest target, and the moves that do
+    not hit a wall, e.g. ``push box r2 c2 up: stand at r3 c2, down-left of you`` + ``free moves: up, left``.
+
+    Ours, for tiny models (``env.push_notes``): the board notes give the relations a plan combines; these
+    lines give the combination (a push along the axis with the longer way to go, whose standing and landing
+    cells are not walls), so a two-layer model can learn a rule that carries to rooms it has not seen. The
+    line proposes a push; it does not check dead states or paths, and the grid stays the source of truth.
+    """
+    board = np.asarray(board)
+    player = np.argwhere(np.isin(board, (PLAYER, PLAYER_T)))
+    if len(player) != 1:
+        raise ValueError(f"push notes need exactly one player, found {len(player)}")
+    pr, pc = (int(x) for x in player[0])
+    h, w = board.shape
+    blocked = lambda r, c: not (0 <= r < h and 0 <= c < w) or board[r, c] == WALL  # noqa: E731
+    boxes = np.isin(board, (BOX, BOX_T))
+    targets = np.argwhere(np.isin(board, (TARGET, PLAYER_T)))
+    lines = []
+    for br, bc in ((int(r), int(c)) for r, c in np.argwhere(board == BOX)):
+        if not len(targets):
+            break
+        tr, tc = (int(x) for x in targets[int(np.argmin(np.abs(targets - (br, bc)).sum(axis=1)))])
+        axes = sorted(((abs(tr - br), -axis, axis) for axis in (0, 1) if (tr, tc)[axis] != (br, bc)[axis]),
+                      reverse=True)
+        push = None
+        for _, _, axis in axes:
+            dr, dc = (int(np.sign(tr - br)), 0) if axis == 0 else (0, int(np.sign(tc - bc)))
+            stand, land = (br - dr, bc - dc), (br + dr, bc + dc)
+            if not blocked(*stand) and not blocked(*land) and not boxes[land]:
+                push = next(name for name, mr, mc in _MOVES if (mr, mc) == (dr, dc)), stand
+                break
+        if push is None:
+            lines.append(f"push box r{br} c{bc}: no push toward its target from here")
+            continue
+        (name, (sr, sc)) = push
+        where = "where you are" if (sr, sc) == (pr, pc) else f"{_direction(sr - pr, sc - pc)} of you"
+        lines.append(f"push box r{br} c{bc} {name}: stand at r{sr} c{sc}, {where}")
+    free = []
+    for name, dr, dc in _MOVES:
+        r, c = pr + dr, pc + dc
+        if blocked(r, c) or (boxes[r, c] and (blocked(r + dr, c + dc) or boxes[r + dr, c + dc])):
+            continue
+        free.append(name)
+    lines.append("free moves: " + (", ".join(free) if free else "none"))
+    return "\n".join(lines)

@@ -264,8 +264,9 @@ def make_env(cfg: Any, split: str | None = None) -> TrialEnv:
     name = cfg.env.name
     if name not in _FACTORIES:
         raise ValueError(f"unknown environment {name!r}; registered: {', '.join(registered_envs())}")
-    if getattr(cfg.env, "board_notes", False) and name != "sokoban":
-        raise ValueError(f"env.board_notes is a Sokoban observation option; {name!r} has none")
+    for option in ("board_notes", "push_notes"):
+        if getattr(cfg.env, option, False) and name != "sokoban":
+            raise ValueError(f"env.{option} is a Sokoban observation option; {name!r} has none")
     factory = _FACTORIES[name]
     if isinstance(factory, str):
         module, func = factory.split(":")

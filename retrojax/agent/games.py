@@ -217,12 +217,13 @@ class SokobanEnv(FunctionalEnv):
     code_width = 3
 
     def __init__(self, split: str, cache_dir: str | None = None, num_tasks: int | None = None,
-                 board_notes: bool = False):
+                 board_notes: bool = False, push_notes: bool = False):
         import envs.sokoban as sokoban
 
         super().__init__(split)
         self.lib = sokoban
         self.board_notes = board_notes  # ours: relations of boxes, you and targets under the grid
+        self.push_notes = push_notes  # ours: the push toward each box's target and the free moves
         self.bank = sokoban.load_split(split, cache_dir)
         self._n = len(self.bank) if num_tasks is None else min(num_tasks, len(self.bank))
         self.height, self.width = (int(x) for x in self.bank.boards.shape[1:])
@@ -272,11 +273,11 @@ class SokobanEnv(FunctionalEnv):
         return state_key_of_arrays(self._boards[slot], self._host.player[slot])
 
     def observations(self, slots: Sequence[int]) -> list[str]:
-        if not self.board_notes:
-            return [self.lib.render(self._boards[s]) for s in slots]
-        from envs.sokoban.text import board_notes
+        from envs.sokoban.text import board_notes, push_notes
 
-        return [f"{self.lib.render(self._boards[s])}\n{board_notes(self._boards[s])}" for s in slots]
+        notes = [fn for on, fn in ((self.board_notes, board_notes), (self.push_notes, push_notes)) if on]
+        return ["\n".join([self.lib.render(self._boards[s]), *(fn(self._boards[s]) for fn in notes)])
+                for s in slots]
 
     def parse_action(self, text: str) -> Action:
         return parse.parse_sokoban(text)
@@ -336,7 +337,7 @@ def _sokoban_optimal(tables: Any, tr: trail_lib.Trail) -> jax.Array:
 
 def make_sokoban(cfg: Any, split: str | None = None) -> SokobanEnv:
     return SokobanEnv(_split_of(cfg, split, "sokoban"), cfg.env.cache_dir, cfg.env.num_tasks,
-                      board_notes=cfg.env.board_notes)
+                      board_notes=cfg.env.board_notes, push_notes=cfg.env.push_notes)
 
 
 # --------------------------------------------------------------------------------------------------

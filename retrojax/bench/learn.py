@@ -20,7 +20,9 @@ Figures (stable keys):
 - ``learn.expert_first_move.first`` / ``.last`` (training batch, same windows) and
   ``learn.heldout.{sft,rl}.expert_first_move``: share of trials whose first move is one of the expert's best
   at ``C_0`` — does the policy read the board (:mod:`retrojax.eval.first_move`)?
-- ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only).
+- ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only);
+- ``learn.sft.steps``: the warm start's steps, and with ``sft.stop_at_success`` ``learn.sft.pool_checks``:
+  ``[step, success on the RL pool]`` at every check up to the stop.
 
 Goal (issue 22), on an otherwise idle 2-core machine within 20 minutes: ``learn.success.last −
 learn.success.first ≥ 0.25`` with non-overlapping intervals, and held-out T@3 of RL at least 0.10 above SFT.
@@ -75,6 +77,11 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
     if window is None:
         window = pool_window(summary.get("train_tasks"), int(summary.get("tasks_per_update") or 0))
     out["learn.window_updates"] = window
+    sft = summary.get("sft") or {}
+    if sft.get("steps") is not None:  # the warm start's steps (fewer than sft.steps after a stop check)
+        out["learn.sft.steps"] = int(sft["steps"])
+    if sft.get("pool_checks"):
+        out["learn.sft.pool_checks"] = [[int(k), float(v)] for k, v in sft["pool_checks"]]
     change = batch_success_change(curve, window=window)
     if change is not None:
         for name in ("first", "last"):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -259,11 +259,15 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
               seed: int = 0, warmup_steps: int = 0, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
               buckets: Sequence[int] | None = None, pad_id: int = 0, chunk: int = 512,
               progress: Callable[[int, dict[str, float]], None] | None = None,
-              layout: str = "tree") -> list[dict[str, float]]:
-    """Run ``steps`` SFT updates on ``model`` in place; returns per-step metrics (host floats).
+              layout: str = "tree", check_steps: Container[int] = (),
+              stop_when: Callable[[int], bool] | None = None) -> list[dict[str, float]]:
+    """Run up to ``steps`` SFT updates on ``model`` in place; returns per-step metrics (host floats).
 
     ``progress(step, metrics)`` is called after each step (e.g. to advance a progress bar). ``layout``
     (``learn.layout``) only changes how a step's examples are laid out, not which examples or the loss.
+    After a step count in ``check_steps`` (below ``steps``) the model holds the current weights and
+    ``stop_when(steps_done)`` may end the run there (e.g. once the policy plays well enough); the schedule
+    stays sized for ``steps``, so an early stop leaves the learning rate where it was.
     """
     if steps <= 0 or batch_size <= 0:
         raise ValueError(f"steps and batch_size must be positive, got {steps}, {batch_size}")
@@ -284,6 +288,10 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
         history.append(record)
         if progress is not None:
             progress(i, record)
+        if stop_when is not None and i + 1 < steps and i + 1 in check_steps:
+            nnx.update(model, params)
+            if stop_when(i + 1):
+                break
     nnx.update(model, params)
     return history
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -114,13 +115,44 @@ def special_ids(tokenizer: Any) -> tuple[int, int]:
     return end, end if pad is None else int(pad)
 
 
-def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *,
-               progress: bool = True) -> dict[str, Any]:
+def stop_checks(cfg: Any, pool_success: Callable[[], float] | None) -> tuple[range, list[list[float]]]:
+    """The step counts at which ``sft.stop_at_success`` is checked, and the (step, success) log it fills.
+
+    Raises ``ValueError`` for a stop rule the caller cannot measure or a malformed one."""
+    s = cfg.sft
+    if s.stop_at_success is None:
+        return range(0), []
+    if pool_success is None:
+        raise ValueError("sft.stop_at_success needs the RL pool played during SFT; only `retrojax demo` and "
+                         "`retrojax bench learn` do that (set sft.stop_at_success=null here)")
+    if not 0.0 < float(s.stop_at_success) <= 1.0:
+        raise ValueError(f"sft.stop_at_success must be in (0, 1], got {s.stop_at_success}")
+    if s.check_every < 1 or s.check_from < 1:
+        raise ValueError(f"sft.check_every and sft.check_from must be >= 1, got {s.check_every} and "
+                         f"{s.check_from}")
+    return range(s.check_from, s.steps, s.check_every), []
+
+
+def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progress: bool = True,
+               pool_success: Callable[[], float] | None = None) -> dict[str, Any]:
     """SFT of ``model`` in place on the demonstrations: loss on the expert's output tokens (+ end of turn)
-    and the reflections; the oracle's random moves are context only. Returns the figures."""
+    and the reflections; the oracle's random moves are context only. Returns the figures.
+
+    With ``sft.stop_at_success`` (ours) the run stops at the first check where ``pool_success()`` — the
+    current policy's success on the RL pool — reaches it: the start's strength is set by measurement, not by
+    a step count that lands elsewhere on another seed (``sft.steps`` is then the most)."""
     from retrojax.learn import sft
 
     s = cfg.sft
+    checks, checked = stop_checks(cfg, pool_success)
+
+    def reached(steps_done: int) -> bool:
+        success = float(pool_success())
+        checked.append([steps_done, success])
+        print(f"[sft] step {steps_done}: the policy solves {success:.1%} of the RL pool "
+              f"(stop at {s.stop_at_success:.0%})", flush=True)
+        return success >= s.stop_at_success
+
     end_id, pad = special_ids(tokenizer)
     calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
     teach = [bool(c.teach) for c in archive.calls]
@@ -151,13 +183,15 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *,
         history = sft.train_sft(model, train, steps=s.steps, batch_size=s.batch_size,
                                 learning_rate=s.learning_rate, seed=cfg.run.seed, warmup_steps=s.warmup_steps,
                                 max_grad_norm=cfg.learn.max_grad_norm, pad_id=pad, progress=advance,
-                                buckets=buckets, chunk=chunk, layout=layout)
+                                buckets=buckets, chunk=chunk, layout=layout, check_steps=checks,
+                                stop_when=reached if len(checks) else None)
     finally:
         if bar is not None:
             bar.close()
     nll_after = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets,
                                  layout=layout)
     return {"pack": dataclasses.asdict(stats), "train_examples": len(train), "held_out_examples": len(held),
+            "steps": len(history), "pool_checks": checked,
             "context_only_calls": int(sum(not t for t in teach)),
             "held_out_nll_before": nll_before, "held_out_nll_after": nll_after,
             "final_train_loss": float(np.mean([h["loss"] for h in history[-10:]])),

@@ -1,0 +1,83 @@
+"""env.push_notes (ours): where to stand to push each box toward its target, and the moves free of walls."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from envs.sokoban.text import BOX, FLOOR, PLAYER, TARGET, WALL, parse_board, push_notes
+from retrojax import config
+from retrojax.agent.env_api import make_env
+
+STEP = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
+
+
+def test_notes_of_a_known_room():
+    board = parse_board("#####\n#O__#\n#_XP#\n#___#\n#####")
+    # tie on both axes: the vertical push first; the player's left is the box, pushable onto free floor
+    assert push_notes(board) == ("push box r2 c2 up: stand at r3 c2, down-left of you\n"
+                                 "free moves: up, down, left")
+    there = parse_board("#####\n#O__#\n#_X_#\n#_P_#\n#####")
+    assert push_notes(there).splitlines()[0] == "push box r2 c2 up: stand at r3 c2, where you are"
+
+
+def test_a_push_against_a_wall_is_never_proposed():
+    # target up-left of the box; the cell below the box is a wall, so the vertical push is impossible
+    board = parse_board("######\n#O___#\n#__XP#\n####_#\n######")
+    assert push_notes(board).splitlines()[0] == "push box r2 c3 left: stand at r2 c4, where you are"
+    stuck = parse_board("#####\n#X__#\n#_PO#\n#####")
+    assert push_notes(stuck).splitlines()[0] == "push box r1 c1: no push toward its target from here"
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_the_proposed_push_moves_the_box_closer(data):
+    h, w = 6, 6
+    inner = [(r, c) for r in range(1, h - 1) for c in range(1, w - 1)]
+    picks = data.draw(st.lists(st.sampled_from(inner), min_size=3, max_size=3, unique=True))
+    walls = data.draw(st.lists(st.sampled_from(inner), max_size=4, unique=True))
+    board = np.full((h, w), WALL, np.int8)
+    board[1:-1, 1:-1] = FLOOR
+    for r, c in walls:
+        board[r, c] = WALL
+    (pr, pc), (br, bc), (tr, tc) = picks
+    board[pr, pc], board[br, bc], board[tr, tc] = PLAYER, BOX, TARGET
+    lines = push_notes(board).splitlines()
+    m = re.fullmatch(r"push box r(\d) c(\d) (up|down|left|right): stand at r(\d) c(\d), (.+)", lines[0])
+    if m is not None:
+        dr, dc = STEP[m[3]]
+        stand, land = (int(m[4]), int(m[5])), (br + dr, bc + dc)
+        assert (int(m[1]), int(m[2])) == (br, bc) and stand == (br - dr, bc - dc)
+        assert board[stand] != WALL and board[land] != WALL
+        assert abs(tr - land[0]) + abs(tc - land[1]) == abs(tr - br) + abs(tc - bc) - 1
+        assert (m[6] == "where you are") == (stand == (pr, pc))
+    else:
+        assert lines[0] == f"push box r{br} c{bc}: no push toward its target from here"
+    free = lines[-1].removeprefix("free moves: ").split(", ")
+    for name, (dr, dc) in STEP.items():
+        r, c = pr + dr, pc + dc
+        ok = board[r, c] != WALL and (board[r, c] != BOX or board[r + dr, c + dc] not in (WALL, BOX))
+        assert (name in free) == ok, (name, lines)
+
+
+def test_the_env_adds_push_notes_only_when_asked():
+    for on in (False, True):
+        cfg = config.load("configs/demo.yaml", [f"env.push_notes={str(on).lower()}"])
+        env = make_env(cfg, "sokoban-5x5-1:train")
+        try:
+            env.open(1, 2)
+            env.reset([0], [0])
+            text = env.observations([0])[0]
+        finally:
+            env.close()
+        assert text.startswith("0: # # # # #") and ("free moves: " in text) == on
+
+
+def test_other_worlds_reject_push_notes():
+    cfg = config.load(None, ["env.name=minesweeper", "env.push_notes=true"])
+    with pytest.raises(ValueError, match="push_notes"):
+        make_env(cfg)
