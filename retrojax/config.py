@@ -181,11 +181,16 @@ class SFTConfig:
     warmup_steps: int = 10
     demo_tasks: int | None = None  # ours: demonstrations on the first N training levels (None: the RL pool,
     #                                learn.train_tasks, or every level when that is None too)
-    # ours (demo stack): stop once the policy solves this share of the RL pool's trials (None: run sft.steps,
-    # which is otherwise the most); checked every check_every steps from check_from
+    # ours (demo stack): stop once the policy solves this share of the RL pool's trials and this share of its
+    # levels at least once (None: no condition; both None: run sft.steps, otherwise the most), checked every
+    # check_every steps from check_from
     stop_at_success: float | None = None
+    stop_at_levels: float | None = None
     check_from: int = 150
     check_every: int = 25
+    # ours: > 0 makes a stop-rule run warmup-stable-decay: each check judges a branch annealed over this many
+    # steps (0: the cosine run's current weights, whose rate a stop leaves mid-way)
+    check_anneal: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

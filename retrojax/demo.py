@@ -166,10 +166,11 @@ def evaluate(cfg: Any, trials: ModelTrials, env: Any, label: str) -> tuple[dict[
     return summarize(archive.trials), archive
 
 
-def pool_success(cfg: Any, trials: ModelTrials, env: Any, model: Any) -> float:
-    """Success of ``model`` on the RL pool (``learn.train_tasks`` levels, else one update's worth) under the
-    training protocol, ``trial.trials_per_task`` trials each: the measure ``sft.stop_at_success`` reads.
-    The sampling stream restarts at a seed of its own (evaluation restarts its own afterwards)."""
+def play_pool(cfg: Any, trials: ModelTrials, env: Any, model: Any) -> tuple[float, float]:
+    """``model`` on the RL pool (``learn.train_tasks`` levels, else one update's worth) under the training
+    protocol, ``trial.trials_per_task`` trials each: (share of trials solved, share of levels solved by at
+    least one trial) — what the SFT stop rule reads. The sampling stream restarts at a seed of its own
+    (evaluation restarts its own afterwards)."""
     from retrojax.agent.trial import TrialSpec
 
     pool = min(env.num_tasks, cfg.learn.train_tasks or cfg.learn.tasks_per_update)
@@ -178,7 +179,9 @@ def pool_success(cfg: Any, trials: ModelTrials, env: Any, model: Any) -> float:
     trials.restart_sampling(cfg.run.seed + 104_729)
     specs = [TrialSpec(trial=task * b + r, task=task, seed=cfg.run.seed, replicate=r,
                        protocol=cfg.trial.protocol) for task in range(pool) for r in range(b)]
-    return float(np.mean([t.success for t in trials.run(env, specs).trials]))
+    done = trials.run(env, specs).trials
+    solved = {int(t.task) for t in done if t.success}
+    return float(np.mean([t.success for t in done])), len(solved) / pool
 
 
 def attempts_curve(archive: Archive, protocol: str) -> list[float] | None:
@@ -256,16 +259,19 @@ def run(cfg: Any) -> Path:
     if cfg.sft.steps > 0:
         stages.begin("warm start (SFT)")
         sft_stats = warm_start(cfg, model, demos, tokenizer,
-                               pool_success=lambda: pool_success(cfg, trials, train_env, model))
+                               play_pool=lambda: play_pool(cfg, trials, train_env, model))
         pack = sft_stats["pack"]
         facts["SFT"] = (f"{sft_stats['steps']} steps x {cfg.sft.batch_size} sequences on {pack['examples']} "
                         f"packed sequences ({pack['own_tokens']} trained tokens, {pack['dropped']} "
                         f"longer than {cfg.sft.seq_len} dropped); held-out NLL/token "
                         f"{sft_stats['held_out_nll_before']:.3f} → {sft_stats['held_out_nll_after']:.3f}")
         if sft_stats["pool_checks"]:
-            facts["SFT"] += (f"; stopped at the first check where the policy solved ≥ "
-                             f"{cfg.sft.stop_at_success:.0%} of the RL pool (ours; at most {cfg.sft.steps} "
-                             "steps): " + ", ".join(f"step {k} {v:.0%}" for k, v in sft_stats["pool_checks"]))
+            s, log = cfg.sft, sft_stats["pool_checks"]
+            facts["SFT"] += ("; stopped at the first check where the policy solved ≥ "
+                             f"{s.stop_at_success or 0:.0%} of the RL pool's trials and ≥ "
+                             f"{s.stop_at_levels or 0:.0%} of its levels at least once (ours; at most "
+                             f"{s.steps} steps): "
+                             + ", ".join(f"step {k} {v:.0%} / {n:.0%}" for k, v, n in log))
     stages.begin("evaluate SFT policy")
     sft_summary, sft_archive = evaluate(cfg, trials, test_env, "SFT policy")
 

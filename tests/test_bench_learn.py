@@ -87,3 +87,14 @@ def test_windows_cover_one_pass_over_a_larger_pool():
     assert f["learn.success.first"] == pytest.approx(0.25) and f["learn.success.last"] == pytest.approx(0.75)
     older = figures_from_summary({"curve": curve, "results": results, "train_tasks": 16}, wall_s=1.0)
     assert older["learn.window_updates"] == 2 and older["learn.success.first"] == pytest.approx(0.125)
+
+
+def test_the_warm_starts_steps_and_stop_checks_are_reported():
+    curve = [{"update": i + 1, "success": 0.5, "trials": 32, "wall_s": 60.0 * (i + 1)} for i in range(4)]
+    results = {k: {"T@3": {"success": 0.1, "ci95": [0.0, 0.3]}} for k in ("SFT", "RL")}
+    sft = {"steps": 240, "pool_checks": [[220, 0.25, 0.75], [240, 0.4375, 1.0]]}
+    f = figures_from_summary({"curve": curve, "results": results, "sft": sft}, wall_s=1.0)
+    assert f["learn.sft.steps"] == 240 and f["learn.sft.pool_checks"][-1] == [240, 0.4375, 1.0]
+    f = figures_from_summary({"curve": curve, "results": results, "sft": {"steps": 225, "pool_checks": []}},
+                             wall_s=1.0)
+    assert f["learn.sft.steps"] == 225 and "learn.sft.pool_checks" not in f  # a fixed step count

@@ -36,7 +36,7 @@ def test_demo_rejects_a_bad_override(capsys):
 def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     out = tmp_path / "demo"
     # the stop rule's pool check plays the RL pool through the real sampler after SFT steps 1 and 2
-    stop = ["sft.stop_at_success=1.0", "sft.check_from=1", "sft.check_every=1"]
+    stop = ["sft.stop_at_success=1.0", "sft.stop_at_levels=1.0", "sft.check_from=1", "sft.check_every=1"]
     args = ["demo", "--set", f"run.out_dir={out}"]
     for s in [*SHRUNK, *stop]:
         args += ["--set", s]
@@ -51,8 +51,9 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
             assert r["n"] == 3 and 0.0 <= r["success"] <= 1.0 and r["ci95"][0] <= r["success"] <= r["ci95"][1]
     assert summary["sft"]["pack"]["own_tokens"] > 0 and np.isfinite(summary["sft"]["held_out_nll_after"])
     checks, steps = summary["sft"]["pool_checks"], summary["sft"]["steps"]
-    assert [k for k, _ in checks] == list(range(1, steps if steps == 3 else steps + 1))
-    assert all(0.0 <= v <= 1.0 for _, v in checks) and (steps == 3) == all(v < 1.0 for _, v in checks)
+    assert [k for k, _, _ in checks] == list(range(1, steps if steps == 3 else steps + 1))
+    assert all(0.0 <= v <= n <= 1.0 for _, v, n in checks)  # a trial solved means its level solved
+    assert (steps == 3) == all(v < 1.0 for _, v, _ in checks)
     assert summary["demonstrations"]["recovery"]["trials"] == 6
     assert len(summary["curve"]) == 1 and 0.0 <= summary["curve"][0]["success"] <= 1.0
     assert summary["train_tasks"] == 3  # RL's pool: the first 3 training levels
@@ -71,7 +72,7 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "| SFT | T@3 |" in report and "| RL | P@1 |" in report and "Δref" in report
     assert "drawn from the first 3 training levels" in report
-    assert "stopped at the first check where the policy solved ≥ 100% of the RL pool" in report
+    assert "stopped at the first check where the policy solved ≥ 100% of the RL pool's trials" in report
     assert "## Per-update diagnostics" in report and "mixed groups" in report
     for png in ("success_by_protocol.png", "learning_curve.png", "success_vs_attempts.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"

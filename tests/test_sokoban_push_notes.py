@@ -81,3 +81,52 @@ def test_other_worlds_reject_push_notes():
     cfg = config.load(None, ["env.name=minesweeper", "env.push_notes=true"])
     with pytest.raises(ValueError, match="push_notes"):
         make_env(cfg)
+
+
+def _apply(board: np.ndarray, name: str) -> np.ndarray:
+    """One move on a board array (walk, or push one box onto free floor or a target)."""
+    from envs.sokoban.text import BOX_T, PLAYER_T
+
+    b = board.copy()
+    pr, pc = (int(x) for x in np.argwhere(np.isin(b, (PLAYER, PLAYER_T)))[0])
+    dr, dc = STEP[name]
+    n, beyond = (pr + dr, pc + dc), (pr + 2 * dr, pc + 2 * dc)
+    if b[n] == WALL or (b[n] in (BOX, BOX_T) and b[beyond] in (WALL, BOX, BOX_T)):
+        return b
+    if b[n] in (BOX, BOX_T):
+        b[beyond] = BOX_T if b[beyond] == TARGET else BOX
+        b[n] = TARGET if b[n] == BOX_T else FLOOR
+    b[n] = PLAYER_T if b[n] == TARGET else PLAYER
+    b[pr, pc] = TARGET if b[pr, pc] == PLAYER_T else FLOOR
+    return b
+
+
+def _rule(notes: str) -> str:
+    """A policy that reads the notes only: push when standing on the spot, else step toward it by a free
+    move other than the push itself, else any other free move."""
+    lines = notes.splitlines()
+    free = [m for m in lines[-1].removeprefix("free moves: ").split(", ") if m != "none"] or ["up"]
+    m = re.fullmatch(r"push box r\d c\d (\w+): stand at r\d c\d, (.+)", lines[0])
+    if m is None:
+        return free[0]
+    if m[2] == "where you are":
+        return m[1]
+    toward = m[2].removesuffix(" of you").split("-")
+    return next((w for w in toward if w in free and w != m[1]),
+                next((w for w in free if w not in toward), toward[0]))
+
+
+def test_the_notes_carry_a_plan_for_unseen_rooms():
+    """What the notes hand a tiny model: a rule that reads them alone (no grid, no search) solves most
+    held-out rooms of the demo's split within the demo's 8 calls (measured: 27 of the first 32)."""
+    from envs.sokoban.levels import load_split
+
+    boards = np.asarray(load_split("sokoban-5x5-1:test").boards)[:32]
+    solved = 0
+    for board in boards:
+        for _ in range(8):
+            if not (board == BOX).any():
+                break
+            board = _apply(board, _rule(push_notes(board)))
+        solved += not (board == BOX).any()
+    assert solved >= 24, solved  # 27 measured; a note that points the wrong way solves few

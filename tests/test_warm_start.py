@@ -90,8 +90,8 @@ def _tiny_model():
 
 
 def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
-    """sft.stop_at_success (ours): the check sees the current weights; the run stops at the first step whose
-    pool success reaches the target, and the checks are logged."""
+    """The SFT stop rule (ours): each check sees the current weights; the run stops at the first step whose
+    pool play reaches both targets (share of trials solved, share of levels solved at least once)."""
     import jax
 
     from retrojax.agent.chat import ByteChatTokenizer
@@ -99,19 +99,21 @@ def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
     from retrojax.learn.warm_start import warm_start
 
     cfg, archive, _ = demos
-    cfg = replace(cfg, sft={"steps": 6, "batch_size": 2, "seq_len": 4096, "stop_at_success": 0.25,
-                            "check_from": 2, "check_every": 2})
+    cfg = replace(cfg, sft={"steps": 8, "batch_size": 2, "seq_len": 4096, "stop_at_success": 0.25,
+                            "stop_at_levels": 1.0, "check_from": 2, "check_every": 2})
     model = _tiny_model()
-    scripted, seen = iter([0.125, 0.25]), []
+    # step 2: too few trials; step 4: enough trials but one level never solved; step 6: both reached
+    scripted, seen = iter([(0.125, 0.5), (0.5, 0.75), (0.25, 1.0)]), []
 
-    def pool_success() -> float:
+    def play_pool() -> tuple[float, float]:
         seen.append(np.asarray(jax.device_get(model.embed[...])).copy())
         return next(scripted)
 
-    stats = warm_start(cfg, model, archive, ByteChatTokenizer(), progress=False, pool_success=pool_success)
-    assert stats["steps"] == 4 and stats["pool_checks"] == [[2, 0.125], [4, 0.25]]
+    stats = warm_start(cfg, model, archive, ByteChatTokenizer(), progress=False, play_pool=play_pool)
+    assert stats["steps"] == 6
+    assert stats["pool_checks"] == [[2, 0.125, 0.5], [4, 0.5, 0.75], [6, 0.25, 1.0]]
     assert not np.array_equal(seen[0], seen[1])  # each check plays the weights of its step
-    np.testing.assert_array_equal(seen[1], np.asarray(model.embed[...]))  # the start is the stop's
+    np.testing.assert_array_equal(seen[-1], np.asarray(model.embed[...]))  # the start is the stop's
 
 
 def test_warm_start_without_a_stop_rule_runs_every_step_and_rejects_bad_rules(demos):
@@ -122,14 +124,56 @@ def test_warm_start_without_a_stop_rule_runs_every_step_and_rejects_bad_rules(de
     cfg, archive, _ = demos
     cfg = replace(cfg, sft={"steps": 3, "batch_size": 2, "seq_len": 4096})
     stats = warm_start(cfg, _tiny_model(), archive, ByteChatTokenizer(), progress=False,
-                       pool_success=lambda: 1.0)
+                       play_pool=lambda: (1.0, 1.0))
     assert stats["steps"] == 3 and stats["pool_checks"] == []
-    bad = (({"stop_at_success": 0.0}, "in \\(0, 1\\]"),
+    bad = (({"stop_at_success": 0.0}, "stop_at_success must be in \\(0, 1\\]"),
+           ({"stop_at_levels": 1.5}, "stop_at_levels must be in"),
            ({"stop_at_success": 0.5, "check_every": 0}, "check_every"))
     for rule, match in bad:
         with pytest.raises(ValueError, match=match):
             warm_start(replace(cfg, sft=rule), _tiny_model(), archive, ByteChatTokenizer(), progress=False,
-                       pool_success=lambda: 1.0)
+                       play_pool=lambda: (1.0, 1.0))
     with pytest.raises(ValueError, match="RL pool"):  # `retrojax train` has no pool check
-        warm_start(replace(cfg, sft={"stop_at_success": 0.5}), _tiny_model(), archive, ByteChatTokenizer(),
+        warm_start(replace(cfg, sft={"stop_at_levels": 0.5}), _tiny_model(), archive, ByteChatTokenizer(),
                    progress=False)
+
+
+def test_train_cli_refuses_a_stop_rule_it_cannot_measure(capsys):
+    from retrojax import cli
+
+    args = ["train", "--config", "configs/sokoban_tiny.yaml", "--set", "sft.warm_start=true",
+            "--set", "sft.stop_at_success=0.5"]
+    assert cli.main(args) == 2
+    assert "need the RL pool played during SFT" in capsys.readouterr().err
+
+
+def test_a_warmup_stable_decay_stop_judges_annealed_branches(demos, monkeypatch):
+    """sft.check_anneal (ours): a constant rate after warmup; each check judges a branch whose rate falls to
+    10% over the anneal steps; a branch judged not good is dropped and the stable run goes on from where it
+    branched; the run ends on the first good branch, or on a branch annealed after the last step."""
+    import jax
+
+    _, archive, _ = demos
+    examples, _ = sft.pack_calls([(c.prompt_ids, c.output_ids) for c in archive.calls], 4096, end_id=1,
+                                 train=[c.teach for c in archive.calls])
+    rates: list[float] = []
+    real_set = sft.set_learning_rate
+    monkeypatch.setattr(sft, "set_learning_rate",
+                        lambda o, v: (rates.append(round(v / 1e-3, 6)), real_set(o, v)))
+    for verdicts, steps, expect_history, expect_rates in (
+            ([False, True], 8, 6, [1, 1, .55, .1, 1, 1, .55, .1]),  # stop on the second check's branch
+            ([False], 4, 6, [1, 1, .55, .1, 1, 1, .55, .1])):  # no good branch: anneal after the last step
+        model, judged, verdict = _tiny_model(), [], iter(verdicts)
+
+        def stop_when(k: int, model=model, judged=judged, verdict=verdict) -> bool:
+            judged.append((k, np.asarray(jax.device_get(model.embed[...])).copy()))
+            return next(verdict)
+
+        rates.clear()
+        history = sft.train_sft(model, examples, steps=steps, batch_size=2, learning_rate=1e-3, seed=0,
+                                check_steps={2, 4}, stop_when=stop_when, anneal_steps=2)
+        assert len(history) == expect_history and rates == expect_rates
+        assert [k for k, _ in judged] == [4, 6][:len(verdicts)]  # a check's step counts its branch's anneal
+        if verdicts[-1]:
+            np.testing.assert_array_equal(judged[-1][1], np.asarray(model.embed[...]))
+        assert not np.array_equal(judged[0][1], np.asarray(model.embed[...]))

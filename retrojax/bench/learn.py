@@ -21,8 +21,9 @@ Figures (stable keys):
   ``learn.heldout.{sft,rl}.expert_first_move``: share of trials whose first move is one of the expert's best
   at ``C_0`` — does the policy read the board (:mod:`retrojax.eval.first_move`)?
 - ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only);
-- ``learn.sft.steps``: the warm start's steps, and with ``sft.stop_at_success`` ``learn.sft.pool_checks``:
-  ``[step, success on the RL pool]`` at every check up to the stop.
+- ``learn.sft.steps``: the warm start's steps, and with a stop rule (``sft.stop_at_success`` /
+  ``sft.stop_at_levels``) ``learn.sft.pool_checks``: ``[step, success on the RL pool, share of its levels
+  solved at least once]`` at every check up to the stop.
 
 Goal (issue 22), on an otherwise idle 2-core machine within 20 minutes: ``learn.success.last −
 learn.success.first ≥ 0.25`` with non-overlapping intervals, and held-out T@3 of RL at least 0.10 above SFT.
@@ -81,7 +82,7 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
     if sft.get("steps") is not None:  # the warm start's steps (fewer than sft.steps after a stop check)
         out["learn.sft.steps"] = int(sft["steps"])
     if sft.get("pool_checks"):
-        out["learn.sft.pool_checks"] = [[int(k), float(v)] for k, v in sft["pool_checks"]]
+        out["learn.sft.pool_checks"] = [[int(k), *map(float, rest)] for k, *rest in sft["pool_checks"]]
     change = batch_success_change(curve, window=window)
     if change is not None:
         for name in ("first", "last"):

@@ -57,6 +57,10 @@ def main(args: argparse.Namespace) -> int:
         validate_learn_config(cfg.learn)
         if cfg.sft.warm_start and cfg.sft.steps < 1:
             raise ValueError(f"sft.warm_start needs sft.steps >= 1, got {cfg.sft.steps}")
+        if cfg.sft.warm_start and (cfg.sft.stop_at_success is not None or cfg.sft.stop_at_levels is not None):
+            from retrojax.learn.warm_start import stop_checks
+
+            stop_checks(cfg, None)  # raises: `retrojax train` plays no pool during SFT
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

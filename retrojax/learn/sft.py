@@ -255,43 +255,94 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
     return (*out, top)
 
 
+def make_stable_optimizer(weight_decay: float = 0.0,
+                          max_grad_norm: float = 1.0) -> optax.GradientTransformation:
+    """AdamW after global-norm clipping whose learning rate the caller sets before each step
+    (``set_learning_rate``): the warmup-stable-decay runs of an SFT stop rule."""
+    return optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                       optax.inject_hyperparams(optax.adamw)(learning_rate=0.0, weight_decay=weight_decay))
+
+
+def set_learning_rate(opt_state: Any, value: float) -> None:
+    """Set the rate of a ``make_stable_optimizer`` state for its next step."""
+    opt_state[1].hyperparams["learning_rate"] = jnp.asarray(value, jnp.float32)
+
+
 def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_size: int, learning_rate: float,
               seed: int = 0, warmup_steps: int = 0, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
               buckets: Sequence[int] | None = None, pad_id: int = 0, chunk: int = 512,
               progress: Callable[[int, dict[str, float]], None] | None = None,
               layout: str = "tree", check_steps: Container[int] = (),
-              stop_when: Callable[[int], bool] | None = None) -> list[dict[str, float]]:
+              stop_when: Callable[[int], bool] | None = None,
+              anneal_steps: int = 0) -> list[dict[str, float]]:
     """Run up to ``steps`` SFT updates on ``model`` in place; returns per-step metrics (host floats).
 
     ``progress(step, metrics)`` is called after each step (e.g. to advance a progress bar). ``layout``
     (``learn.layout``) only changes how a step's examples are laid out, not which examples or the loss.
-    After a step count in ``check_steps`` (below ``steps``) the model holds the current weights and
-    ``stop_when(steps_done)`` may end the run there (e.g. once the policy plays well enough); the schedule
-    stays sized for ``steps``, so an early stop leaves the learning rate where it was.
+
+    After a step count in ``check_steps`` (below ``steps``) the model holds the weights to judge and
+    ``stop_when(steps_done)`` may end the run there (e.g. once the policy plays well enough). With
+    ``anneal_steps == 0`` those are the current weights of the cosine run (sized for ``steps``, so a stop
+    leaves the rate mid-way). With ``anneal_steps > 0`` the run is warmup-stable-decay: a constant rate after
+    warmup, and each check judges a branch whose rate falls linearly to 10% over ``anneal_steps`` more steps;
+    the run ends on the first branch judged good (or on a branch annealed after ``steps``), and the branches
+    judged not good are dropped.
     """
     if steps <= 0 or batch_size <= 0:
         raise ValueError(f"steps and batch_size must be positive, got {steps}, {batch_size}")
+    if anneal_steps < 0:
+        raise ValueError(f"anneal_steps must be >= 0, got {anneal_steps}")
     longest = max((len(e.ids) - 1 for e in examples), default=1)
     buckets = tuple(buckets) if buckets else default_buckets(longest)
-    optimizer = make_optimizer(learning_rate, steps, warmup_steps, weight_decay, max_grad_norm)
+    stable = stop_when is not None and anneal_steps > 0
+    optimizer = (make_stable_optimizer(weight_decay, max_grad_norm) if stable
+                 else make_optimizer(learning_rate, steps, warmup_steps, weight_decay, max_grad_norm))
     graphdef, params = nnx.split(model)
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(graphdef, optimizer, chunk)
     batches = iterate_batches(examples, batch_size, buckets, np.random.default_rng(seed))
-    history: list[dict[str, float]] = []
-    for i in range(steps):
+
+    def advance(p: Any, o: Any, i: int, rate: float | None) -> tuple[Any, Any, dict[str, float]]:
+        if rate is not None:
+            set_learning_rate(o, rate)
         group = next(batches)
         batch = {k: jnp.asarray(v) for k, v in make_batch(group, batch_size, buckets, pad_id, layout).items()}
-        params, opt_state, metrics = step_fn(params, opt_state, batch)
+        p, o, metrics = step_fn(p, o, batch)
         record = {k: float(v) for k, v in metrics.items()}
         record["step"] = float(i)
-        history.append(record)
         if progress is not None:
             progress(i, record)
-        if stop_when is not None and i + 1 < steps and i + 1 in check_steps:
+        return p, o, record
+
+    def annealed(p: Any, o: Any, first: int) -> tuple[Any, list[dict[str, float]]]:
+        p, o = jax.tree.map(jnp.copy, (p, o))  # a branch: the stable run's buffers stay (the step donates)
+        records = []
+        for j in range(anneal_steps):
+            p, o, record = advance(p, o, first + j, learning_rate * (1.0 - 0.9 * (j + 1) / anneal_steps))
+            records.append(record)
+        return p, records
+
+    history: list[dict[str, float]] = []
+    for i in range(steps):
+        rate = learning_rate * min(1.0, (i + 1) / warmup_steps) if warmup_steps else learning_rate
+        params, opt_state, record = advance(params, opt_state, i, rate if stable else None)
+        history.append(record)
+        if stop_when is None or i + 1 >= steps or i + 1 not in check_steps:
+            continue
+        if not stable:
             nnx.update(model, params)
             if stop_when(i + 1):
                 break
+            continue
+        branch, records = annealed(params, opt_state, i + 1)
+        nnx.update(model, branch)
+        if stop_when(i + 1 + anneal_steps):
+            params, history = branch, history + records
+            break
+    else:
+        if stable:  # no check passed: end on an annealed branch too
+            params, records = annealed(params, opt_state, steps)
+            history += records
     nnx.update(model, params)
     return history
 

@@ -115,18 +115,24 @@ def special_ids(tokenizer: Any) -> tuple[int, int]:
     return end, end if pad is None else int(pad)
 
 
-def stop_checks(cfg: Any, pool_success: Callable[[], float] | None) -> tuple[range, list[list[float]]]:
-    """The step counts at which ``sft.stop_at_success`` is checked, and the (step, success) log it fills.
+def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None
+                ) -> tuple[range, list[list[float]]]:
+    """The step counts at which the stop rule (``sft.stop_at_success``, ``sft.stop_at_levels``) is checked,
+    and the ``[step, success, levels solved]`` log it fills.
 
     Raises ``ValueError`` for a stop rule the caller cannot measure or a malformed one."""
     s = cfg.sft
-    if s.stop_at_success is None:
+    if s.stop_at_success is None and s.stop_at_levels is None:
         return range(0), []
-    if pool_success is None:
-        raise ValueError("sft.stop_at_success needs the RL pool played during SFT; only `retrojax demo` and "
-                         "`retrojax bench learn` do that (set sft.stop_at_success=null here)")
-    if not 0.0 < float(s.stop_at_success) <= 1.0:
-        raise ValueError(f"sft.stop_at_success must be in (0, 1], got {s.stop_at_success}")
+    if play_pool is None:
+        raise ValueError("sft.stop_at_success / sft.stop_at_levels need the RL pool played during SFT; only "
+                         "`retrojax demo` and `retrojax bench learn` do that (set both to null here)")
+    for name in ("stop_at_success", "stop_at_levels"):
+        value = getattr(s, name)
+        if value is not None and not 0.0 < float(value) <= 1.0:
+            raise ValueError(f"sft.{name} must be in (0, 1], got {value}")
+    if s.check_anneal < 0:
+        raise ValueError(f"sft.check_anneal must be >= 0, got {s.check_anneal}")
     if s.check_every < 1 or s.check_from < 1:
         raise ValueError(f"sft.check_every and sft.check_from must be >= 1, got {s.check_every} and "
                          f"{s.check_from}")
@@ -134,24 +140,25 @@ def stop_checks(cfg: Any, pool_success: Callable[[], float] | None) -> tuple[ran
 
 
 def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progress: bool = True,
-               pool_success: Callable[[], float] | None = None) -> dict[str, Any]:
+               play_pool: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
     """SFT of ``model`` in place on the demonstrations: loss on the expert's output tokens (+ end of turn)
     and the reflections; the oracle's random moves are context only. Returns the figures.
 
-    With ``sft.stop_at_success`` (ours) the run stops at the first check where ``pool_success()`` — the
-    current policy's success on the RL pool — reaches it: the start's strength is set by measurement, not by
-    a step count that lands elsewhere on another seed (``sft.steps`` is then the most)."""
+    With a stop rule (ours) the run stops at the first check where ``play_pool()`` — the current policy on
+    the RL pool: (share of trials solved, share of levels solved by at least one trial) — reaches
+    ``sft.stop_at_success`` and ``sft.stop_at_levels``: the start's strength is set by measurement, not by a
+    step count that lands elsewhere on another seed (``sft.steps`` is then the most)."""
     from retrojax.learn import sft
 
     s = cfg.sft
-    checks, checked = stop_checks(cfg, pool_success)
+    checks, checked = stop_checks(cfg, play_pool)
 
     def reached(steps_done: int) -> bool:
-        success = float(pool_success())
-        checked.append([steps_done, success])
-        print(f"[sft] step {steps_done}: the policy solves {success:.1%} of the RL pool "
-              f"(stop at {s.stop_at_success:.0%})", flush=True)
-        return success >= s.stop_at_success
+        success, levels = (float(x) for x in play_pool())
+        checked.append([steps_done, success, levels])
+        print(f"[sft] step {steps_done}: the policy solves {success:.1%} of the RL pool's trials and "
+              f"{levels:.0%} of its levels at least once", flush=True)
+        return success >= (s.stop_at_success or 0.0) and levels >= (s.stop_at_levels or 0.0)
 
     end_id, pad = special_ids(tokenizer)
     calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
@@ -184,7 +191,7 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
                                 learning_rate=s.learning_rate, seed=cfg.run.seed, warmup_steps=s.warmup_steps,
                                 max_grad_norm=cfg.learn.max_grad_norm, pad_id=pad, progress=advance,
                                 buckets=buckets, chunk=chunk, layout=layout, check_steps=checks,
-                                stop_when=reached if len(checks) else None)
+                                stop_when=reached if len(checks) else None, anneal_steps=s.check_anneal)
     finally:
         if bar is not None:
             bar.close()
