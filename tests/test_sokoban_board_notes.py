@@ -1,15 +1,15 @@
-"""env.board_notes (ours): the line under the grid names each box's place from you and its nearest target."""
+"""env.board_notes (ours): the line under the grid names each box's place from you and its nearest target;
+both notes options (board, push) reach the observation only when asked, and only in Sokoban."""
 
 from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from sokoban_rooms import one_box_rooms
 
-from envs.sokoban.text import BOX, FLOOR, PLAYER, TARGET, WALL, board_notes, parse_board
+from envs.sokoban.text import board_notes, parse_board
 from retrojax import config
 from retrojax.agent.env_api import make_env
 
@@ -22,15 +22,9 @@ def test_notes_of_a_known_room():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_directions_follow_the_coordinates(data):
-    h, w = 6, 6
-    cells = [(r, c) for r in range(1, h - 1) for c in range(1, w - 1)]
-    picks = data.draw(st.lists(st.sampled_from(cells), min_size=3, max_size=3, unique=True))
-    board = np.full((h, w), WALL, np.int8)
-    board[1:-1, 1:-1] = FLOOR
-    (pr, pc), (br, bc), (tr, tc) = picks
-    board[pr, pc], board[br, bc], board[tr, tc] = PLAYER, BOX, TARGET
+@given(one_box_rooms())
+def test_directions_follow_the_coordinates(room):
+    board, ((pr, pc), (br, bc), (tr, tc)) = room
     m = re.fullmatch(r"box r(\d) c(\d): ([a-z-]+) of you; nearest target r(\d) c(\d): ([a-z-]+) of the box",
                      board_notes(board))
     assert m is not None
@@ -40,9 +34,14 @@ def test_directions_follow_the_coordinates(data):
         assert ("left" in word) == (dc < 0) and ("right" in word) == (dc > 0)
 
 
-def test_the_env_adds_the_notes_only_when_asked():
-    for notes in (False, True):
-        cfg = config.load("configs/demo.yaml", [f"env.board_notes={str(notes).lower()}"])
+# each notes option (ours) and a line only it writes under the demo split's first training room
+OPTIONS = [("board_notes", "box r2 c2: left of you"), ("push_notes", "free moves: ")]
+
+
+@pytest.mark.parametrize("option,line", OPTIONS)
+def test_the_env_adds_the_notes_only_when_asked(option, line):
+    for on in (False, True):
+        cfg = config.load("configs/demo.yaml", ["env.board_notes=false", f"env.{option}={str(on).lower()}"])
         env = make_env(cfg, "sokoban-5x5-1:train")
         try:
             env.open(1, 2)
@@ -50,12 +49,13 @@ def test_the_env_adds_the_notes_only_when_asked():
             text = env.observations([0])[0]
         finally:
             env.close()
-        assert text.startswith("0: # # # # #") and ("box r2 c2: left of you" in text) == notes
+        assert text.startswith("0: # # # # #") and (line in text) == on
 
 
-def test_other_worlds_reject_the_option():
-    cfg = config.load(None, ["env.name=minesweeper", "env.board_notes=true"])
-    with pytest.raises(ValueError, match="board_notes"):
+@pytest.mark.parametrize("option", [o for o, _ in OPTIONS])
+def test_other_worlds_reject_the_option(option):
+    cfg = config.load(None, ["env.name=minesweeper", f"env.{option}=true"])
+    with pytest.raises(ValueError, match=option):
         make_env(cfg)
 
 

@@ -5,13 +5,10 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from sokoban_rooms import one_box_rooms
 
 from envs.sokoban.text import BOX, FLOOR, PLAYER, TARGET, WALL, parse_board, push_notes
-from retrojax import config
-from retrojax.agent.env_api import make_env
 
 STEP = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
 
@@ -34,18 +31,9 @@ def test_a_push_against_a_wall_is_never_proposed():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.data())
-def test_the_proposed_push_moves_the_box_closer(data):
-    h, w = 6, 6
-    inner = [(r, c) for r in range(1, h - 1) for c in range(1, w - 1)]
-    picks = data.draw(st.lists(st.sampled_from(inner), min_size=3, max_size=3, unique=True))
-    walls = data.draw(st.lists(st.sampled_from(inner), max_size=4, unique=True))
-    board = np.full((h, w), WALL, np.int8)
-    board[1:-1, 1:-1] = FLOOR
-    for r, c in walls:
-        board[r, c] = WALL
-    (pr, pc), (br, bc), (tr, tc) = picks
-    board[pr, pc], board[br, bc], board[tr, tc] = PLAYER, BOX, TARGET
+@given(one_box_rooms(max_walls=4))
+def test_the_proposed_push_moves_the_box_closer(room):
+    board, ((pr, pc), (br, bc), (tr, tc)) = room
     lines = push_notes(board).splitlines()
     m = re.fullmatch(r"push box r(\d) c(\d) (up|down|left|right): stand at r(\d) c(\d), (.+)", lines[0])
     if m is not None:
@@ -62,25 +50,6 @@ def test_the_proposed_push_moves_the_box_closer(data):
         r, c = pr + dr, pc + dc
         ok = board[r, c] != WALL and (board[r, c] != BOX or board[r + dr, c + dc] not in (WALL, BOX))
         assert (name in free) == ok, (name, lines)
-
-
-def test_the_env_adds_push_notes_only_when_asked():
-    for on in (False, True):
-        cfg = config.load("configs/demo.yaml", [f"env.push_notes={str(on).lower()}"])
-        env = make_env(cfg, "sokoban-5x5-1:train")
-        try:
-            env.open(1, 2)
-            env.reset([0], [0])
-            text = env.observations([0])[0]
-        finally:
-            env.close()
-        assert text.startswith("0: # # # # #") and ("free moves: " in text) == on
-
-
-def test_other_worlds_reject_push_notes():
-    cfg = config.load(None, ["env.name=minesweeper", "env.push_notes=true"])
-    with pytest.raises(ValueError, match="push_notes"):
-        make_env(cfg)
 
 
 def _apply(board: np.ndarray, name: str) -> np.ndarray:
