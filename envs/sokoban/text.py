@@ -83,6 +83,20 @@ def _direction(dr: int, dc: int) -> str:
     return "-".join(w for w in (vertical, horizontal) if w) or "here"
 
 
+def _player_cell(board: np.ndarray, what: str) -> tuple[int, int]:
+    """The player's (row, col); ``what`` names the notes for the error on a room without exactly one."""
+    player = np.argwhere(np.isin(board, (PLAYER, PLAYER_T)))
+    if len(player) != 1:
+        raise ValueError(f"{what} need exactly one player, found {len(player)}")
+    return int(player[0][0]), int(player[0][1])
+
+
+def _nearest(targets: np.ndarray, cell: tuple[int, int]) -> tuple[int, int]:
+    """The target (rows of ``targets``) nearest to ``cell`` in moves (Manhattan distance; first on ties)."""
+    tr, tc = targets[int(np.argmin(np.abs(targets - cell).sum(axis=1)))]
+    return int(tr), int(tc)
+
+
 def board_notes(board: np.ndarray) -> str:
     """One line per box not on a target: where it lies from you and where the nearest free target lies from
     it, e.g. ``box r2 c2: left of you; nearest target r1 c1: up-left of the box``.
@@ -91,18 +105,13 @@ def board_notes(board: np.ndarray) -> str:
     find these relations from a grid slowly (docs/benchmarks.md#learn).
     """
     board = np.asarray(board)
-    player = np.argwhere(np.isin(board, (PLAYER, PLAYER_T)))
-    boxes = np.argwhere(board == BOX)
+    pr, pc = _player_cell(board, "board notes")
     targets = np.argwhere(np.isin(board, (TARGET, PLAYER_T)))
-    if len(player) != 1:
-        raise ValueError(f"board notes need exactly one player, found {len(player)}")
-    pr, pc = (int(x) for x in player[0])
     lines = []
-    for br, bc in ((int(r), int(c)) for r, c in boxes):
+    for br, bc in ((int(r), int(c)) for r, c in np.argwhere(board == BOX)):
         line = f"box r{br} c{bc}: {_direction(br - pr, bc - pc)} of you"
         if len(targets):
-            d = np.abs(targets - (br, bc)).sum(axis=1)
-            tr, tc = (int(x) for x in targets[int(np.argmin(d))])
+            tr, tc = _nearest(targets, (br, bc))
             line += f"; nearest target r{tr} c{tc}: {_direction(tr - br, tc - bc)} of the box"
         lines.append(line)
     return "\n".join(lines) if lines else "every box is on a target"
@@ -121,10 +130,7 @@ def push_notes(board: np.ndarray) -> str:
     line proposes a push; it does not check dead states or paths, and the grid stays the source of truth.
     """
     board = np.asarray(board)
-    player = np.argwhere(np.isin(board, (PLAYER, PLAYER_T)))
-    if len(player) != 1:
-        raise ValueError(f"push notes need exactly one player, found {len(player)}")
-    pr, pc = (int(x) for x in player[0])
+    pr, pc = _player_cell(board, "push notes")
     h, w = board.shape
     blocked = lambda r, c: not (0 <= r < h and 0 <= c < w) or board[r, c] == WALL  # noqa: E731
     boxes = np.isin(board, (BOX, BOX_T))
@@ -133,15 +139,15 @@ def push_notes(board: np.ndarray) -> str:
     for br, bc in ((int(r), int(c)) for r, c in np.argwhere(board == BOX)):
         if not len(targets):
             break
-        tr, tc = (int(x) for x in targets[int(np.argmin(np.abs(targets - (br, bc)).sum(axis=1)))])
-        axes = sorted(((abs(tr - br), -axis, axis) for axis in (0, 1) if (tr, tc)[axis] != (br, bc)[axis]),
-                      reverse=True)
+        tr, tc = _nearest(targets, (br, bc))
+        # pushes toward the target, vertical first
+        toward = [(name, dr, dc) for name, dr, dc in _MOVES
+                  if (dr and dr == np.sign(tr - br)) or (dc and dc == np.sign(tc - bc))]
         push = None
-        for _, _, axis in axes:
-            dr, dc = (int(np.sign(tr - br)), 0) if axis == 0 else (0, int(np.sign(tc - bc)))
+        for name, dr, dc in toward:
             stand, land = (br - dr, bc - dc), (br + dr, bc + dc)
             if not blocked(*stand) and not blocked(*land) and not boxes[land]:
-                push = next(name for name, mr, mc in _MOVES if (mr, mc) == (dr, dc)), stand
+                push = name, stand
                 break
         if push is None:
             lines.append(f"push box r{br} c{bc}: no push toward its target from here")

@@ -115,15 +115,14 @@ def special_ids(tokenizer: Any) -> tuple[int, int]:
     return end, end if pad is None else int(pad)
 
 
-def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None
-                ) -> tuple[range, list[list[float]]]:
-    """The step counts at which the stop rule (``sft.stop_at_success``, ``sft.stop_at_levels``) is checked,
-    and the ``[step, success, levels solved]`` log it fills.
+def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None) -> range:
+    """The step counts at which the stop rule (``sft.stop_at_success``, ``sft.stop_at_levels``) is checked
+    (empty without a rule).
 
     Raises ``ValueError`` for a stop rule the caller cannot measure or a malformed one."""
     s = cfg.sft
     if s.stop_at_success is None and s.stop_at_levels is None:
-        return range(0), []
+        return range(0)
     if play_pool is None:
         raise ValueError("sft.stop_at_success / sft.stop_at_levels need the RL pool played during SFT; only "
                          "`retrojax demo` and `retrojax bench learn` do that (set both to null here)")
@@ -136,7 +135,7 @@ def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None
     if s.check_every < 1 or s.check_from < 1:
         raise ValueError(f"sft.check_every and sft.check_from must be >= 1, got {s.check_every} and "
                          f"{s.check_from}")
-    return range(s.check_from, s.steps, s.check_every), []
+    return range(s.check_from, s.steps, s.check_every)
 
 
 def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progress: bool = True,
@@ -151,7 +150,7 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
     from retrojax.learn import sft
 
     s = cfg.sft
-    checks, checked = stop_checks(cfg, play_pool)
+    checks, checked = stop_checks(cfg, play_pool), []  # checked: [step, success, levels solved] per check
 
     def reached(steps_done: int) -> bool:
         success, levels = (float(x) for x in play_pool())
