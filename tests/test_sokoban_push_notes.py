@@ -22,6 +22,12 @@ def test_notes_of_a_known_room():
     assert push_notes(there).splitlines()[0] == "push box r2 c2 up: stand at r3 c2, where you are"
 
 
+def test_the_longer_way_is_pushed_first():
+    # target one row up and two columns left of the box: the horizontal push comes first
+    board = parse_board("######\n#O___#\n#__XP#\n#____#\n######")
+    assert push_notes(board).splitlines()[0] == "push box r2 c3 left: stand at r2 c4, where you are"
+
+
 def test_a_push_against_a_wall_is_never_proposed():
     # target up-left of the box; the cell below the box is a wall, so the vertical push is impossible
     board = parse_board("######\n#O___#\n#__XP#\n####_#\n######")

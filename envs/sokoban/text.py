@@ -140,11 +140,11 @@ def push_notes(board: np.ndarray) -> str:
         if not len(targets):
             break
         tr, tc = _nearest(targets, (br, bc))
-        # pushes toward the target, vertical first
+        # pushes toward the target, the longer way first (vertical on a tie: sorted keeps the order)
         toward = [(name, dr, dc) for name, dr, dc in _MOVES
                   if (dr and dr == np.sign(tr - br)) or (dc and dc == np.sign(tc - bc))]
         push = None
-        for name, dr, dc in toward:
+        for name, dr, dc in sorted(toward, key=lambda m: -abs(tr - br if m[1] else tc - bc)):
             stand, land = (br - dr, bc - dc), (br + dr, bc + dc)
             if not blocked(*stand) and not blocked(*land) and not boxes[land]:
                 push = name, stand
