@@ -191,6 +191,10 @@ class SFTConfig:
     # ours: > 0 makes a stop-rule run warmup-stable-decay: each check judges a branch annealed over this many
     # steps (0: the cosine run's current weights, whose rate a stop leaves mid-way)
     check_anneal: int = 0
+    # ours: the loss weight of the tokens inside a reply's <action>…</action> relative to its other tokens
+    # (1.0: every trained token alike). A reply is ~12 format tokens around one move, and under the plain
+    # token mean the move was not learned off the pool (docs/benchmarks.md#learn, session 14)
+    decision_weight: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)

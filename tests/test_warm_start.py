@@ -177,3 +177,30 @@ def test_a_warmup_stable_decay_stop_judges_annealed_branches(demos, monkeypatch)
         if verdicts[-1]:
             np.testing.assert_array_equal(judged[-1][1], np.asarray(model.embed[...]))
         assert not np.array_equal(judged[0][1], np.asarray(model.embed[...]))
+
+
+def test_warm_start_weights_the_decisions_of_the_taught_calls(demos, monkeypatch):
+    """``sft.decision_weight`` through the real demonstrations: in the packed examples exactly the contents
+    of the taught replies' ``<action>`` tags carry the weight (random moves stay context); 0 is refused."""
+    import re
+
+    from retrojax.agent.chat import ByteChatTokenizer
+    from retrojax.config import replace
+    from retrojax.learn.warm_start import warm_start
+
+    cfg, archive, _ = demos
+    packed = []
+    real_pack = sft.pack_calls
+    monkeypatch.setattr(sft, "pack_calls", lambda *a, **k: packed.append(real_pack(*a, **k)) or packed[-1])
+    tok = ByteChatTokenizer()
+    cfg = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": 4096, "decision_weight": 5.0})
+    warm_start(cfg, _tiny_model(), archive, tok, progress=False)
+    (examples, _), = packed
+    weighted = "".join(tok.decode(e.ids[e.loss_weights() == 5.0]) for e in examples)
+    taught = [c for c in archive.calls if c.teach]
+    tags = [re.findall(r"<action>(.*?)</action>", tok.decode(c.output_ids)) for c in taught]
+    actions = "".join(found[-1] for found in tags if found)  # a remark-only reflection has no decision
+    assert weighted == actions and len(actions) > 0 and any(not found for found in tags)
+    assert any(not c.teach for c in archive.calls)  # there were context-only moves to leave out
+    with pytest.raises(ValueError, match="decision_weight"):
+        warm_start(replace(cfg, sft={"decision_weight": 0.0}), _tiny_model(), archive, tok, progress=False)

@@ -93,11 +93,13 @@ def from_sequence(seq: Any, scale: float = 1.0) -> Trained:
     return Trained(np.asarray(seq.tokens, np.int32), np.concatenate(index) if index else np.zeros(0), values)
 
 
-def from_example(ids: np.ndarray, own: np.ndarray) -> Trained:
-    """An SFT example (token ids, own-token flags) as a ``Trained`` with a ``loss_mask`` value."""
+def from_example(ids: np.ndarray, own: np.ndarray, weight: np.ndarray | None = None) -> Trained:
+    """An SFT example (token ids, own-token flags, optional per-token loss weights) as a ``Trained`` whose
+    ``loss_mask`` value is each trained token's weight (1 without ``weight``)."""
     own = np.asarray(own, bool)
     index = np.flatnonzero(own[1:]) + 1
-    return Trained(np.asarray(ids, np.int32), index, {"loss_mask": np.ones(index.size, np.float32)})
+    values = np.ones(index.size, np.float32) if weight is None else np.asarray(weight, np.float32)[index]
+    return Trained(np.asarray(ids, np.int32), index, {"loss_mask": values})
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

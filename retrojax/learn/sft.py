@@ -34,6 +34,12 @@ class Example:
 
     ids: np.ndarray  # int32 [L]
     own: np.ndarray  # bool [L]: True where ids[t] is an output token the model must learn
+    weight: np.ndarray | None = None  # float32 [L]: each own token's loss weight (None: all 1)
+
+    def loss_weights(self) -> np.ndarray:
+        """float32 [L]: the loss weight of each token (0 where it is not the model's own)."""
+        w = np.ones(len(self.ids), np.float32) if self.weight is None else self.weight.astype(np.float32)
+        return np.where(self.own, w, 0.0).astype(np.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +57,8 @@ def _has_prefix(seq: np.ndarray, prefix: np.ndarray) -> bool:
 
 def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
                train: Sequence[bool] | None = None,
-               end_id: int | None = None) -> tuple[list[Example], PackStats]:
+               end_id: int | None = None,
+               weights: Sequence[np.ndarray | None] | None = None) -> tuple[list[Example], PackStats]:
     """Turn ``(prompt_ids, output_ids)`` pairs into training sequences.
 
     Consecutive calls where the next prompt starts with the previous ``prompt + output`` are merged into one
@@ -60,16 +67,20 @@ def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
     demonstration). With ``end_id`` (the end-of-turn token) an output that does not already end with it
     gets it appended and trained, so the model learns to stop. A chain stops growing before it would
     exceed ``max_len`` (the next call starts a new sequence); a single call longer than ``max_len`` is
-    dropped rather than truncated (a truncated context would teach a different task).
+    dropped rather than truncated (a truncated context would teach a different task). ``weights[i]`` (float
+    per output token of call i, or None for all 1) sets the loss weight of call i's output tokens; an
+    appended end-of-turn token weighs 1.
     """
     if max_len < 2:
         raise ValueError(f"max_len must be >= 2, got {max_len}")
     if train is not None and len(train) != len(calls):
         raise ValueError(f"train has {len(train)} flags for {len(calls)} calls")
+    if weights is not None and len(weights) != len(calls):
+        raise ValueError(f"weights has {len(weights)} entries for {len(calls)} calls")
     examples: list[Example] = []
     dropped = 0
     chain_ids: np.ndarray | None = None
-    chain_spans: list[tuple[int, int]] = []
+    chain_spans: list[tuple[int, int, np.ndarray | None]] = []  # (start, end, weights or None)
 
     def flush() -> None:
         nonlocal dropped
@@ -79,10 +90,14 @@ def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
             dropped += 1
             return
         own = np.zeros(len(chain_ids), bool)
-        for a, b in chain_spans:
+        weight = np.ones(len(chain_ids), np.float32)
+        for a, b, w in chain_spans:
             own[a:b] = True
+            if w is not None:
+                weight[a:a + len(w)] = w
         if own.any():
-            examples.append(Example(ids=chain_ids.astype(np.int32), own=own))
+            examples.append(Example(ids=chain_ids.astype(np.int32), own=own,
+                                    weight=None if weights is None else weight))
 
     for i, (prompt, output) in enumerate(calls):
         prompt = np.asarray(prompt, np.int32).reshape(-1)
@@ -92,7 +107,14 @@ def pack_calls(calls: Sequence[tuple[np.ndarray, np.ndarray]], max_len: int, *,
         if end_id is not None and int(output[-1]) != end_id:
             output = np.concatenate([output, np.asarray([end_id], np.int32)])
         full = np.concatenate([prompt, output])
-        span = [(len(prompt), len(full))] if (train is None or train[i]) else []
+        w = None
+        if weights is not None and weights[i] is not None:
+            w = np.asarray(weights[i], np.float32).reshape(-1)
+            if len(w) > len(output) or len(w) < len(output) - 1:
+                raise ValueError(f"weights[{i}] has {len(w)} entries for an output of {len(output)} tokens")
+            if not np.all(np.isfinite(w)) or np.any(w < 0):
+                raise ValueError(f"weights[{i}] must be finite and >= 0")
+        span = [(len(prompt), len(full), w)] if (train is None or train[i]) else []
         if chain_ids is not None and len(full) <= max_len and _has_prefix(prompt, chain_ids):
             chain_ids = full
             chain_spans.extend(span)
@@ -136,7 +158,7 @@ def collate(examples: Sequence[Example], batch_size: int, length: int,
             raise ValueError(f"example of {len(ex.ids)} tokens does not fit length {length} + 1")
         input_ids[row, :n] = ex.ids[:-1]
         targets[row, :n] = ex.ids[1:]
-        loss_mask[row, :n] = ex.own[1:]
+        loss_mask[row, :n] = ex.loss_weights()[1:]
         attention_mask[row, :n] = True
     return {"input_ids": input_ids, "targets": targets, "loss_mask": loss_mask,
             "attention_mask": attention_mask}
@@ -162,7 +184,7 @@ def collate_forest(examples: Sequence[Example], buckets: Sequence[int], layout: 
     ``loss_mask`` entry per trained token. Rows: a power of two; length: the smallest bucket that fits."""
     from retrojax.learn.layout import forest_options, from_example, pack
 
-    items = [from_example(e.ids, e.own) for e in examples]
+    items = [from_example(e.ids, e.own, e.weight) for e in examples]
     rows = 1 << max(0, math.ceil(math.log2(len(items))))  # room for one row per example: one microbatch
     packing = pack(items, lengths=buckets, max_batch_tokens=rows * max(buckets), **forest_options(layout))
     (batch,) = packing.microbatches
@@ -189,11 +211,11 @@ def _logprobs(model: Qwen3, batch: dict[str, jax.Array], chunk: int) -> jax.Arra
 
 
 def sft_loss(model: Qwen3, batch: dict[str, jax.Array], chunk: int = 512) -> tuple[jax.Array, jax.Array]:
-    """Token-averaged negative log-likelihood over the masked targets; returns (loss, trained token count)."""
+    """Negative log-likelihood averaged over the trained targets, each weighted by its ``loss_mask`` value
+    (1 unless ``Example.weight`` says otherwise); returns (loss, trained token count)."""
     lp = _logprobs(model, batch, chunk)
-    mask = batch["loss_mask"].astype(jnp.float32)
-    count = mask.sum()
-    return -(lp * mask).sum() / jnp.maximum(count, 1.0), count
+    weight = batch["loss_mask"].astype(jnp.float32)
+    return -(lp * weight).sum() / jnp.maximum(weight.sum(), 1e-6), (weight > 0).sum().astype(jnp.float32)
 
 
 def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
@@ -350,7 +372,8 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
 def _nll_totals(graphdef: nnx.GraphDef, chunk: int, params: Any,
                 batch: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
     lp = _logprobs(nnx.merge(graphdef, params), batch, chunk)
-    return -(lp * batch["loss_mask"]).sum(), batch["loss_mask"].sum()
+    trained = (batch["loss_mask"] > 0).astype(jnp.float32)  # plain per-token NLL, whatever the weights
+    return -(lp * trained).sum(), trained.sum()
 
 
 _nll_totals_jit = jax.jit(_nll_totals, static_argnums=(0, 1))
@@ -358,7 +381,7 @@ _nll_totals_jit = jax.jit(_nll_totals, static_argnums=(0, 1))
 
 def evaluate_nll(model: Qwen3, examples: Sequence[Example], batch_size: int, pad_id: int = 0,
                  chunk: int = 512, buckets: Sequence[int] | None = None, layout: str = "tree") -> float:
-    """Mean negative log-likelihood per trained token over ``examples`` (no update).
+    """Mean negative log-likelihood per trained token over ``examples`` (no update; unweighted).
 
     Compiles once per (model graph, bucket length, batch size), shared across calls.
     """

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +116,27 @@ def special_ids(tokenizer: Any) -> tuple[int, int]:
     return end, end if pad is None else int(pad)
 
 
+_ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL)
+
+
+def decision_weights(output_ids: np.ndarray, decode: Callable[[Any], str],
+                     weight: float) -> np.ndarray | None:
+    """Per output token: ``weight`` where the token overlaps the content of the reply's last
+    ``<action>…</action>`` (the decision), 1 elsewhere; None for a reply without one.
+
+    Token boundaries come from decoding each prefix, so any tokenizer works (a token that straddles the tag
+    counts as the decision's)."""
+    ids = np.asarray(output_ids).reshape(-1)
+    matches = list(_ACTION.finditer(decode(ids)))
+    if not matches:
+        return None
+    lo, hi = matches[-1].span(1)
+    ends = np.maximum.accumulate([len(decode(ids[: k + 1])) for k in range(len(ids))])
+    starts = np.concatenate([[0], ends[:-1]])
+    inside = (starts < hi) & (ends > lo)
+    return np.where(inside, weight, 1.0).astype(np.float32)
+
+
 def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None) -> range:
     """The step counts at which the stop rule (``sft.stop_at_success``, ``sft.stop_at_levels``) is checked
     (empty without a rule).
@@ -141,7 +163,8 @@ def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None) -
 def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progress: bool = True,
                play_pool: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
     """SFT of ``model`` in place on the demonstrations: loss on the expert's output tokens (+ end of turn)
-    and the reflections; the oracle's random moves are context only. Returns the figures.
+    and the reflections, the decisions inside ``<action>`` weighted by ``sft.decision_weight``; the oracle's
+    random moves are context only. Returns the figures.
 
     With a stop rule (ours) the run stops at the first check where ``play_pool()`` — the current policy on
     the RL pool: (share of trials solved, share of levels solved by at least one trial) — reaches
@@ -159,10 +182,16 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
               f"{levels:.0%} of its levels at least once", flush=True)
         return success >= (s.stop_at_success or 0.0) and levels >= (s.stop_at_levels or 0.0)
 
+    if not (math.isfinite(s.decision_weight) and s.decision_weight > 0):
+        raise ValueError(f"sft.decision_weight must be a positive number, got {s.decision_weight}")
     end_id, pad = special_ids(tokenizer)
     calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
     teach = [bool(c.teach) for c in archive.calls]
-    examples, stats = sft.pack_calls(calls, s.seq_len, end_id=end_id, train=teach)
+    weights = None
+    if s.decision_weight != 1.0:
+        weights = [decision_weights(c.output_ids, tokenizer.decode, s.decision_weight) if t else None
+                   for c, t in zip(archive.calls, teach, strict=True)]
+    examples, stats = sft.pack_calls(calls, s.seq_len, end_id=end_id, train=teach, weights=weights)
     if not examples:
         raise ValueError(f"no demonstration fits sft.seq_len={s.seq_len} tokens ({stats.dropped} dropped)")
     rng = np.random.default_rng(cfg.run.seed)
