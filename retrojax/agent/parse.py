@@ -51,14 +51,19 @@ def extract_action(text: str, style: str = "tag") -> str | None:
     if style == "fence":
         matches = _FENCE.findall(text)
         return matches[-1].strip() if matches else None
+    span = action_span(text)
+    return None if span is None else text[span[0] : span[1]].strip()
+
+
+def action_span(text: str) -> tuple[int, int] | None:
+    """Where :func:`extract_action` reads a tag's content: ``(start, end)`` character offsets between the
+    last ``</action>`` and the last ``<action>`` before it (unstripped), or None without a complete tag."""
     lower = text.lower()
     end = lower.rfind(CLOSE_TAG)
     if end < 0:
         return None
     start = lower.rfind(OPEN_TAG, 0, end)
-    if start < 0:
-        return None
-    return text[start + len(OPEN_TAG) : end].strip()
+    return None if start < 0 else (start + len(OPEN_TAG), end)
 
 
 def parse_rewind(content: str) -> Action | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -116,21 +115,20 @@ def special_ids(tokenizer: Any) -> tuple[int, int]:
     return end, end if pad is None else int(pad)
 
 
-_ACTION = re.compile(r"<action>(.*?)</action>", re.DOTALL)
-
-
 def decision_weights(output_ids: np.ndarray, decode: Callable[[Any], str],
                      weight: float) -> np.ndarray | None:
-    """Per output token: ``weight`` where the token overlaps the content of the reply's last
-    ``<action>…</action>`` (the decision), 1 elsewhere; None for a reply without one.
+    """Per output token: ``weight`` where the token overlaps the action the parser reads from the reply (the
+    decision, ``parse.action_span``), 1 elsewhere; None for a reply without one.
 
     Token boundaries come from decoding each prefix, so any tokenizer works (a token that straddles the tag
     counts as the decision's)."""
+    from retrojax.agent.parse import action_span
+
     ids = np.asarray(output_ids).reshape(-1)
-    matches = list(_ACTION.finditer(decode(ids)))
-    if not matches:
+    span = action_span(decode(ids))
+    if span is None:
         return None
-    lo, hi = matches[-1].span(1)
+    lo, hi = span
     ends = np.maximum.accumulate([len(decode(ids[: k + 1])) for k in range(len(ids))])
     starts = np.concatenate([[0], ends[:-1]])
     inside = (starts < hi) & (ends > lo)
