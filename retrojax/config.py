@@ -127,6 +127,9 @@ class LearnConfig:
     updates: int = 100
     tasks_per_update: int = 4
     train_tasks: int | None = None  # RL draws its tasks from the first N training levels (None = all of them)
+    # ours: RL plays only training levels whose reference solution length is in [lo, hi] (the first
+    # train_tasks of them; None = every length): a pool at the policy's frontier (retrojax.learn.pool)
+    pool_lengths: tuple[int, ...] | None = None
     minibatches: int = 1
     logprob_chunk: int = 512
     seq_buckets: tuple[int, ...] = (256, 512, 1024, 2048, 4096)

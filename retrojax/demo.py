@@ -40,6 +40,7 @@ from retrojax.learn.curves import (
     learning_curve,
     pool_window,
 )
+from retrojax.learn.pool import rl_pool
 from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
 
 
@@ -166,22 +167,23 @@ def evaluate(cfg: Any, trials: ModelTrials, env: Any, label: str) -> tuple[dict[
     return summarize(archive.trials), archive
 
 
-def play_pool(cfg: Any, trials: ModelTrials, env: Any, model: Any) -> tuple[float, float]:
-    """``model`` on the RL pool (``learn.train_tasks`` levels, else one update's worth) under the training
-    protocol, ``trial.trials_per_task`` trials each: (share of trials solved, share of levels solved by at
-    least one trial) — what the SFT stop rule reads. The sampling stream restarts at a seed of its own
+def play_pool(cfg: Any, trials: ModelTrials, env: Any, model: Any,
+              pool: Sequence[int]) -> tuple[float, float]:
+    """``model`` on the RL pool (its first ``learn.train_tasks`` levels, else one update's worth) under the
+    training protocol, ``trial.trials_per_task`` trials each: (share of trials solved, share of levels solved
+    by at least one trial) — what the SFT stop rule reads. The sampling stream restarts at a seed of its own
     (evaluation restarts its own afterwards)."""
     from retrojax.agent.trial import TrialSpec
 
-    pool = min(env.num_tasks, cfg.learn.train_tasks or cfg.learn.tasks_per_update)
+    levels = list(pool)[:cfg.learn.train_tasks or cfg.learn.tasks_per_update]
     b = cfg.trial.trials_per_task
     trials.set_model(model)
     trials.restart_sampling(cfg.run.seed + 104_729)
-    specs = [TrialSpec(trial=task * b + r, task=task, seed=cfg.run.seed, replicate=r,
-                       protocol=cfg.trial.protocol) for task in range(pool) for r in range(b)]
+    specs = [TrialSpec(trial=i * b + r, task=task, seed=cfg.run.seed, replicate=r,
+                       protocol=cfg.trial.protocol) for i, task in enumerate(levels) for r in range(b)]
     done = trials.run(env, specs).trials
     solved = {int(t.task) for t in done if t.success}
-    return float(np.mean([t.success for t in done])), len(solved) / pool
+    return float(np.mean([t.success for t in done])), len(solved) / len(levels)
 
 
 def attempts_curve(archive: Archive, protocol: str) -> list[float] | None:
@@ -255,11 +257,12 @@ def run(cfg: Any) -> Path:
                                 f"random moves are context only, never SFT targets)")
 
     trials = ModelTrials(cfg, tokenizer, model)
+    rl_levels = rl_pool(train_env, cfg.learn.train_tasks, cfg.learn.pool_lengths)  # what RL plays
     sft_stats: dict[str, Any] = {}
     if cfg.sft.steps > 0:
         stages.begin("warm start (SFT)")
         sft_stats = warm_start(cfg, model, demos, tokenizer,
-                               play_pool=lambda: play_pool(cfg, trials, train_env, model))
+                               play_pool=lambda: play_pool(cfg, trials, train_env, model, rl_levels))
         pack = sft_stats["pack"]
         facts["SFT"] = (f"{sft_stats['steps']} steps x {cfg.sft.batch_size} sequences on {pack['examples']} "
                         f"packed sequences ({pack['own_tokens']} trained tokens, {pack['dropped']} "
@@ -299,7 +302,7 @@ def run(cfg: Any) -> Path:
         return {"success": float(np.mean([t.success for t in arch.trials]))}
 
     trainer_cfg = cfg if cfg.eval.every > 0 else config.replace(cfg, eval={"every": -1})
-    trainer = Trainer(trainer_cfg, model, tokenizer, collect=collect,
+    trainer = Trainer(trainer_cfg, model, tokenizer, collect=collect, pool=rl_levels,
                       evaluate=periodic_eval if cfg.eval.every > 0 else None,
                       num_tasks=train_env.num_tasks, out_dir=out / "rl", tensorboard=True, progress=True)
     try:
@@ -331,6 +334,10 @@ def run(cfg: Any) -> Path:
     lc = cfg.learn
     pool = (f" drawn from the first {trainer.tasks.num_tasks} training levels" if lc.train_tasks is not None
             else "")
+    if lc.pool_lengths is not None:
+        lo, hi = lc.pool_lengths
+        pool = (f" drawn from {trainer.tasks.num_tasks} training levels whose shortest solution takes "
+                f"{lo}-{hi} moves (ours: learn.pool_lengths)")
     facts["RL"] = (f"{len(history)} updates x {lc.tasks_per_update} tasks{pool} x "
                    f"{cfg.trial.trials_per_task} trials ({cfg.trial.protocol}), estimator {lc.estimator}, "
                    f"reflection reward {lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}"

@@ -149,3 +149,30 @@ def test_real_trial_loop_smoke(tmp_path, temperature):
     assert h["batch/sequences"] >= 1 and h["batch/dropped_calls"] == 0
     assert h["check/logprob_gap_max"] < 1e-4
     assert h["train/skipped_steps"] == 0.0 and np.isfinite(h["train/loss"])
+
+
+def test_pool_lengths_keep_the_learner_on_levels_of_those_lengths(tmp_path):
+    """``learn.pool_lengths`` [lo, hi]: every collected group is a level whose solution length is in range,
+    read from the collector's env (the path of ``retrojax train``); a caller's ``pool`` wins."""
+    seen: list[int] = []
+
+    class Env:
+        num_tasks = 6
+
+        def task_scale(self, task):
+            return float([2, 5, 3, 3, 7, 4][task])
+
+    def recording(model, tasks, seeds):
+        seen.extend(int(t) for t in tasks)
+        return collect(model, tasks, seeds)
+
+    recording.env = Env()
+    t = Trainer(config(tmp_path, pool_lengths=[3, 4], updates=3, check_logprobs=False), micro_model(),
+                collect=recording, evaluate=evaluate, tensorboard=False, progress=False)
+    assert t.pool == [2, 3, 5]
+    t.fit()
+    assert sorted(seen) == [2, 2, 3, 3, 5, 5]  # three updates of two tasks: two passes over the pool
+    assert Trainer(config(tmp_path / "b"), micro_model(), collect=recording, pool=[4, 1],
+                   tensorboard=False, progress=False).pool == [4, 1]
+    with pytest.raises(ValueError, match="pool_lengths"):
+        trainer(tmp_path / "c", pool_lengths=[4, 2])

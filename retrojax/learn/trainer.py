@@ -43,6 +43,7 @@ from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
 from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
 from retrojax.learn.diagnostics import update_diagnostics
+from retrojax.learn.pool import rl_pool
 from retrojax.learn.update import LogProbs, Update, make_optimizer
 from retrojax.model.lora import base_pointer, join_params, lora_plan, split_params
 from retrojax.parallel.distributed import is_writer
@@ -137,6 +138,9 @@ def validate_learn_config(lc: Any) -> None:
             problems.append(f"learn.{name} must be ≥ 1, got {getattr(lc, name)}")
     if lc.train_tasks is not None and lc.train_tasks < 1:
         problems.append(f"learn.train_tasks must be ≥ 1 (null: every training level), got {lc.train_tasks}")
+    lengths = getattr(lc, "pool_lengths", None)
+    if lengths is not None and (len(lengths) != 2 or not 0 <= lengths[0] <= lengths[1]):
+        problems.append(f"learn.pool_lengths must be [lo, hi] with 0 <= lo <= hi, got {list(lengths)}")
     if not lc.seq_buckets or min(lc.seq_buckets) < 2:
         problems.append(f"learn.seq_buckets must list lengths ≥ 2, got {lc.seq_buckets}")
     if lc.remat not in (True, False, "auto"):
@@ -155,6 +159,7 @@ class Trainer:
 
     def __init__(self, cfg: Any, model: Any, tokenizer: Any = None, *, collect: Collect | None = None,
                  evaluate: Evaluate | None = None, num_tasks: int | None = None,
+                 pool: Sequence[int] | None = None,
                  out_dir: str | Path | None = None, tensorboard: bool = True, progress: bool = True):
         validate_learn_config(cfg.learn)
         self.cfg = cfg
@@ -164,11 +169,21 @@ class Trainer:
         self.progress = progress
         self.collect = collect if collect is not None else default_collect(cfg, tokenizer)
         self.evaluate = evaluate if evaluate is not None else default_evaluate(cfg, tokenizer)
-        if num_tasks is None:
-            env = getattr(self.collect, "env", None)
-            num_tasks = int(env.num_tasks) if env is not None else train_split_size(cfg)
-        if self.learn.train_tasks is not None:  # a training pool: the first N levels, revisited every epoch
-            num_tasks = min(num_tasks, self.learn.train_tasks)
+        # The RL pool (retrojax.learn.pool): task ids, revisited in a seeded order every epoch. Given by
+        # the caller, else the first learn.train_tasks levels, or learn.pool_lengths' on the collector's env.
+        env = getattr(self.collect, "env", None)
+        if pool is None and self.learn.pool_lengths is not None:
+            if env is None:
+                raise ValueError("learn.pool_lengths needs the training env (a collector with .env)")
+            pool = rl_pool(env, self.learn.train_tasks, self.learn.pool_lengths)
+        if pool is None:
+            if num_tasks is None:
+                num_tasks = int(env.num_tasks) if env is not None else train_split_size(cfg)
+            cap = self.learn.train_tasks
+            pool = range(num_tasks if cap is None else min(num_tasks, cap))
+        self.pool = [int(t) for t in pool]
+        if not self.pool:
+            raise ValueError("the RL pool is empty")
         # With LoRA adapters (retrojax.model.lora) params are the adapters and self.frozen the base
         self.graphdef, self.template, params, self.frozen = split_params(model)
         # The schedule counts optimizer steps: one per minibatch per epoch of every update.
@@ -201,7 +216,7 @@ class Trainer:
         self.iteration = 0
         self.optimizer_steps = 0
         self.key = jax.random.PRNGKey(cfg.run.seed)
-        self.tasks = TaskStream(num_tasks, cfg.run.seed)
+        self.tasks = TaskStream(len(self.pool), cfg.run.seed)
         self.history: list[dict[str, float]] = []
         self._ckpt: TrainCheckpoints | None = None
         self._writer: Any = None
@@ -284,7 +299,7 @@ class Trainer:
         """Collect trials, compute advantages, run the update(s); returns this iteration's metrics."""
         t0 = time.perf_counter()
         self.key, sub = jax.random.split(self.key)
-        tasks = self.tasks.take(self.learn.tasks_per_update)
+        tasks = [self.pool[i] for i in self.tasks.take(self.learn.tasks_per_update)]
         seeds = [int(s) for s in np.asarray(jax.random.randint(sub, (len(tasks),), 0, 2**31 - 1))]
         if jax.process_count() > 1:  # this process's block of whole task groups
             from retrojax.parallel.shares import task_share

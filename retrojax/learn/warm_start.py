@@ -49,6 +49,16 @@ def demo_task_count(cfg: Any, num_tasks: int) -> int:
     return num_tasks if n is None else max(1, min(int(n), num_tasks))
 
 
+def demo_levels(cfg: Any, env: Any) -> list[int]:
+    """The training levels the demonstrations cycle through: the first ``sft.demo_tasks``, else the RL
+    pool (:func:`retrojax.learn.pool.rl_pool`: ``learn.train_tasks`` and ``learn.pool_lengths``)."""
+    if getattr(cfg.sft, "demo_tasks", None) is None and getattr(cfg.learn, "pool_lengths", None) is not None:
+        from retrojax.learn.pool import rl_pool
+
+        return rl_pool(env, cfg.learn.train_tasks, cfg.learn.pool_lengths)
+    return list(range(demo_task_count(cfg, env.num_tasks)))
+
+
 def run_demonstrations(cfg: Any, env: Any, tokenizer: Any) -> tuple[Archive, dict[str, Any]]:
     """Oracle trials on training levels: solver play (ε = 0) and recovery play (ε = ``sft.oracle_epsilon``).
 
@@ -60,15 +70,16 @@ def run_demonstrations(cfg: Any, env: Any, tokenizer: Any) -> tuple[Archive, dic
     from retrojax.agent.trial import TrialSpec, parse_protocol
 
     s = cfg.sft
-    n_tasks = demo_task_count(cfg, env.num_tasks)
+    levels = demo_levels(cfg, env)
+    n_tasks = len(levels)
     protocols = demo_protocols(cfg)
     archive = Archive()
     stats: dict[str, Any] = {"levels": n_tasks}
     solver = min(s.num_solver_episodes, n_tasks * len(protocols))  # deterministic: no copies
     per_protocol = math.ceil(solver / len(protocols)) if solver else 0
     first = 0
-    plays = [("solver", 0.0, [(p, i % n_tasks) for p in protocols for i in range(per_protocol)]),
-             ("recovery", s.oracle_epsilon, [(cfg.trial.protocol, i % n_tasks)
+    plays = [("solver", 0.0, [(p, levels[i % n_tasks]) for p in protocols for i in range(per_protocol)]),
+             ("recovery", s.oracle_epsilon, [(cfg.trial.protocol, levels[i % n_tasks])
                                             for i in range(s.num_recovery_episodes)])]
     for name, eps, items in plays:
         if not items:

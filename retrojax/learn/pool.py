@@ -1,0 +1,39 @@
+"""The RL pool: which training levels RL plays (``learn.train_tasks``, ``learn.pool_lengths``).
+
+By default RL draws from the first ``learn.train_tasks`` training levels (all of them when that is None).
+``learn.pool_lengths = [lo, hi]`` (ours) keeps only levels whose reference solution length — the world's
+``task_scale``: Sokoban's exact shortest solution, MineSweeper's reveals — lies in ``[lo, hi]``, then takes
+the first ``train_tasks`` of those. Why: a GRPO group carries a success signal only when it holds both a
+success and a failure. Measured from the demo's reading start, the policy solved 88% of unseen 2-move rooms
+and 0-7% of longer ones, so most groups were all solved or all failed (28% mixed over 30 updates);
+a pool at the frontier of what the policy can do spends the trials where the comparison says something.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def rl_pool(env: Any, train_tasks: int | None = None, lengths: Sequence[int] | None = None) -> list[int]:
+    """Task ids RL plays on ``env`` (a training split), in level order.
+
+    Raises ValueError for a malformed range, a world without solution lengths, or a range no level meets.
+    """
+    n = int(env.num_tasks)
+    if lengths is None:
+        return list(range(n if train_tasks is None else min(n, int(train_tasks))))
+    if len(lengths) != 2 or int(lengths[0]) > int(lengths[1]) or int(lengths[0]) < 0:
+        raise ValueError(f"learn.pool_lengths must be [lo, hi] with 0 <= lo <= hi, got {list(lengths)}")
+    scale = getattr(env, "task_scale", None)
+    if scale is None:
+        raise ValueError(f"learn.pool_lengths needs a world with solution lengths (task_scale); "
+                         f"{type(env).__name__} has none")
+    lo, hi = int(lengths[0]), int(lengths[1])
+    found = [float(scale(t)) for t in range(n)]
+    pool = [t for t, d in enumerate(found) if lo <= d <= hi]
+    if not pool:
+        seen = sorted({int(d) for d in found if d == d and d != float("inf")})
+        raise ValueError(f"learn.pool_lengths [{lo}, {hi}] selects no training level; "
+                         f"the split's solution lengths are {seen}")
+    return pool if train_tasks is None else pool[:int(train_tasks)]
