@@ -40,7 +40,7 @@ from retrojax.learn.curves import (
     learning_curve,
     pool_window,
 )
-from retrojax.learn.pool import rl_pool
+from retrojax.learn.pool import BadPool, rl_pool
 from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
 
 
@@ -224,6 +224,7 @@ def run(cfg: Any) -> Path:
     # does the policy read the board? (first moves vs the expert's, on the training batch and held out)
     train_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:train"))
     test_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:test"))
+    rl_levels = rl_pool(train_env, cfg.learn.train_tasks, cfg.learn.pool_lengths)  # what RL plays
     facts["levels"] = (f"`{cfg.env.split}`: {train_env.num_tasks} training, {test_env.num_tasks} test levels "
                        f"(evaluation uses the first {n_eval})")
 
@@ -257,7 +258,6 @@ def run(cfg: Any) -> Path:
                                 f"random moves are context only, never SFT targets)")
 
     trials = ModelTrials(cfg, tokenizer, model)
-    rl_levels = rl_pool(train_env, cfg.learn.train_tasks, cfg.learn.pool_lengths)  # what RL plays
     sft_stats: dict[str, Any] = {}
     if cfg.sft.steps > 0:
         stages.begin("warm start (SFT)")
@@ -417,7 +417,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"error: {e}")
         return 2
     t0 = time.perf_counter()
-    path = run(cfg)
+    try:
+        path = run(cfg)
+    except BadPool as e:
+        print(f"error: {e}")
+        return 2
     print(f"[demo] done in {time.perf_counter() - t0:.0f}s")
     print(f"[demo] report: {path}")
     print(f"[demo] plots, checkpoints and the exported policy are in {path.parent}/")

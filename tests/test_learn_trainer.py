@@ -167,11 +167,11 @@ def test_pool_lengths_keep_the_learner_on_levels_of_those_lengths(tmp_path):
         return collect(model, tasks, seeds)
 
     recording.env = Env()
-    t = Trainer(config(tmp_path, pool_lengths=[3, 4], updates=3, check_logprobs=False), micro_model(),
+    t = Trainer(config(tmp_path, pool_lengths=[3, 4], updates=2, check_logprobs=False), micro_model(),
                 collect=recording, evaluate=evaluate, tensorboard=False, progress=False)
     assert t.pool == [2, 3, 5]
     t.fit()
-    assert sorted(seen) == [2, 2, 3, 3, 5, 5]  # three updates of two tasks: two passes over the pool
+    assert sorted(seen[:3]) == [2, 3, 5] and seen[3] in (2, 3, 5)  # one pass over the pool, then a new one
     assert Trainer(config(tmp_path / "b"), micro_model(), collect=recording, pool=[4, 1],
                    tensorboard=False, progress=False).pool == [4, 1]
     with pytest.raises(ValueError, match="pool_lengths"):

@@ -63,3 +63,16 @@ def test_demonstrations_follow_the_pool_unless_demo_tasks_is_set():
     cfg = from_dict({"learn": {"pool_lengths": [3, 4]}, "sft": {"demo_tasks": 4}})
     assert demo_levels(cfg, env) == [0, 1, 2, 3]  # sft.demo_tasks: the first N levels, whatever their length
     assert demo_levels(from_dict({"learn": {"train_tasks": 2}}), env) == [0, 1]
+
+
+def test_demo_refuses_a_pool_no_level_meets_before_any_work(tmp_path, capsys):
+    import argparse
+
+    from retrojax import demo
+
+    args = argparse.Namespace(config="configs/demo.yaml",
+                              overrides=["learn.pool_lengths=[20, 30]", f"run.out_dir={tmp_path}"])
+    assert demo.main(args) == 2
+    out = capsys.readouterr().out
+    assert "selects no training level" in out and "[2, 3, 4" in out
+    assert not (tmp_path / "demonstrations.jsonl").exists()  # refused at the levels stage

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from retrojax.learn.pool import BadPool
 from retrojax.learn.trainer import Trainer, validate_learn_config
 from retrojax.model.build import build_model, build_tokenizer
 
@@ -71,7 +72,11 @@ def main(args: argparse.Namespace) -> int:
     model = build_model(cfg)
     tokenizer = build_tokenizer(cfg)
     sft_figures = warm_start(cfg, model, tokenizer, resume)
-    trainer = Trainer(cfg, model, tokenizer)
+    try:
+        trainer = Trainer(cfg, model, tokenizer)  # after the warm start: it copies the weights it starts from
+    except BadPool as e:  # learn.pool_lengths that select no level (a malformed range failed above)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         history = trainer.fit(resume=resume)
         out = trainer.export(Path(trainer.out_dir) / "policy")
