@@ -183,7 +183,7 @@ class SFTConfig:
     oracle_epsilon: float = 0.3  # recovery demonstrations: the oracle's chance of a random move
     warmup_steps: int = 10
     demo_tasks: int | None = None  # ours: demonstrations on the first N training levels (None: the RL pool,
-    #                                learn.train_tasks and learn.pool_lengths, or every level when both are None)
+    #                                learn.train_tasks and learn.pool_lengths, or every level without them)
     # ours (demo stack): stop once the policy solves this share of the RL pool's trials and this share of its
     # levels at least once (None: no condition; both None: run sft.steps, otherwise the most), checked every
     # check_every steps from check_from
