@@ -21,6 +21,13 @@ class BadPool(ValueError):
     """A pool that cannot be built: a malformed range, a world without solution lengths, no level in range."""
 
 
+def check_lengths(lengths: Sequence[int]) -> tuple[int, int]:
+    """``(lo, hi)`` of a ``learn.pool_lengths`` value; :class:`BadPool` unless ``0 <= lo <= hi``."""
+    if len(lengths) != 2 or not 0 <= int(lengths[0]) <= int(lengths[1]):
+        raise BadPool(f"learn.pool_lengths must be [lo, hi] with 0 <= lo <= hi, got {list(lengths)}")
+    return int(lengths[0]), int(lengths[1])
+
+
 def rl_pool(env: Any, train_tasks: int | None = None, lengths: Sequence[int] | None = None) -> list[int]:
     """Task ids RL plays on ``env`` (a training split), in level order.
 
@@ -30,13 +37,11 @@ def rl_pool(env: Any, train_tasks: int | None = None, lengths: Sequence[int] | N
     n = int(env.num_tasks)
     if lengths is None:
         return list(range(n if train_tasks is None else min(n, int(train_tasks))))
-    if len(lengths) != 2 or int(lengths[0]) > int(lengths[1]) or int(lengths[0]) < 0:
-        raise BadPool(f"learn.pool_lengths must be [lo, hi] with 0 <= lo <= hi, got {list(lengths)}")
+    lo, hi = check_lengths(lengths)
     scale = getattr(env, "task_scale", None)
     if scale is None:
         raise BadPool(f"learn.pool_lengths needs a world with solution lengths (task_scale); "
-                         f"{type(env).__name__} has none")
-    lo, hi = int(lengths[0]), int(lengths[1])
+                      f"{type(env).__name__} has none")
     found = [float(scale(t)) for t in range(n)]
     pool = [t for t, d in enumerate(found) if lo <= d <= hi]
     if not pool:

@@ -43,7 +43,7 @@ from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
 from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
 from retrojax.learn.diagnostics import update_diagnostics
-from retrojax.learn.pool import rl_pool
+from retrojax.learn.pool import BadPool, check_lengths, rl_pool
 from retrojax.learn.update import LogProbs, Update, make_optimizer
 from retrojax.model.lora import base_pointer, join_params, lora_plan, split_params
 from retrojax.parallel.distributed import is_writer
@@ -138,9 +138,11 @@ def validate_learn_config(lc: Any) -> None:
             problems.append(f"learn.{name} must be ≥ 1, got {getattr(lc, name)}")
     if lc.train_tasks is not None and lc.train_tasks < 1:
         problems.append(f"learn.train_tasks must be ≥ 1 (null: every training level), got {lc.train_tasks}")
-    lengths = getattr(lc, "pool_lengths", None)
-    if lengths is not None and (len(lengths) != 2 or not 0 <= lengths[0] <= lengths[1]):
-        problems.append(f"learn.pool_lengths must be [lo, hi] with 0 <= lo <= hi, got {list(lengths)}")
+    if getattr(lc, "pool_lengths", None) is not None:
+        try:
+            check_lengths(lc.pool_lengths)
+        except BadPool as e:
+            problems.append(str(e))
     if not lc.seq_buckets or min(lc.seq_buckets) < 2:
         problems.append(f"learn.seq_buckets must list lengths ≥ 2, got {lc.seq_buckets}")
     if lc.remat not in (True, False, "auto"):
