@@ -480,7 +480,7 @@ def _decode_impl(graphdef, state, layers, cache: KVCache, tok, pos, limit, stop_
     """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
     TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
-    rows, slots = tok.shape[0], cache.k.shape[2]
+    rows, slots = tok.shape[0], cache.slots
     n_strings = table.shape[0]
     string_idx = jnp.arange(n_strings)[None, :]
 

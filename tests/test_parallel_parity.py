@@ -139,7 +139,7 @@ def test_eight_devices_match_one_device():
     assert r["params_on_plan"] and r["opt_on_plan"] and r["opt_all_global"] and r["metrics_replicated"]
     assert r["q_spec"] == "P(None, 'fsdp', 'tp', None)"
     assert r["embed_spec"] == "P('tp', 'fsdp')"
-    assert r["cache_spec"] == "P(None, ('data', 'fsdp'), None, 'tp', None)"
+    assert r["cache_spec"] == "P(None, ('data', 'fsdp'), 'tp', None, None)"  # k: [L, rows, kv heads, D, S]
     assert all("fsdp" not in spec and "data" not in spec for spec in r["rollout_specs"])
     assert r["greedy_same"], r["ids"]
     assert r["greedy_lp"] <= 1e-5

@@ -48,7 +48,7 @@ def test_agent_cache_unchanged_across_auxiliary_calls(tiny):
     def snapshot(row: int):
         s = inner.sampler
         n = s.length(row)
-        return s.tokens(row), np.asarray(s.cache.k[:, row, :n]), np.asarray(s.cache.v[:, row, :n])
+        return s.tokens(row), np.asarray(s.cache.k[:, row, ..., :n]), np.asarray(s.cache.v[:, row, :, :n])
 
     def watched(requests):
         aux = [r for r in requests if r.view.kind != EXECUTE]

@@ -70,11 +70,11 @@ def test_padding_rows_keep_their_cached_conversation(model):
     s.append([3], [prompt(7, 20)])
     s.generate([3], 5, temperature=0.0, stop_token_ids=())
     n = s.length(3)
-    k, v = np.asarray(s.cache.k[:, 3, :n]), np.asarray(s.cache.v[:, 3, :n])
+    k, v = np.asarray(s.cache.k[:, 3, ..., :n]), np.asarray(s.cache.v[:, 3, :, :n])
     two_turns(s, {0: 1, 1: 2, 2: 3})  # three live rows: bucket 4 pads with row 3, the lowest free one
     assert any(shape[1] == 4 for shape in s.programs)
-    np.testing.assert_array_equal(np.asarray(s.cache.k[:, 3, :n]), k)
-    np.testing.assert_array_equal(np.asarray(s.cache.v[:, 3, :n]), v)
+    np.testing.assert_array_equal(np.asarray(s.cache.k[:, 3, ..., :n]), k)
+    np.testing.assert_array_equal(np.asarray(s.cache.v[:, 3, :, :n]), v)
     assert s.length(3) == n
 
 

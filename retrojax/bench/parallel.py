@@ -129,7 +129,7 @@ def _decode_program(model: Any, plan: Any, rows: int, max_len: int, profile: str
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model.qwen3 import KVCache
+    from retrojax.model.qwen3 import abstract_cache
     from retrojax.parallel.shard import param_shapes
     from retrojax.sampler import _next_logits
 
@@ -138,13 +138,11 @@ def _decode_program(model: Any, plan: Any, rows: int, max_len: int, profile: str
     abstract_state = jax.tree.map(lambda x: x, state)
     pure = _abstract(param_shapes(model), shardings)
     nnx.replace_by_pure_dict(abstract_state, pure)
-    c = model.config
-    cache_shape = (c.num_hidden_layers, rows, max_len, c.num_key_value_heads, c.head_dim)
-    leaf = jax.ShapeDtypeStruct(cache_shape, model.dtype, sharding=plan.cache(cache_shape))
+    cache = abstract_cache(model.config, rows, max_len, model.dtype, plan.cache)
     rows_sh = plan.batch((rows,))
     tok = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=rows_sh)
     t0 = time.perf_counter()
-    compiled = _next_logits.lower(graphdef, abstract_state, KVCache(k=leaf, v=leaf), tok, tok,
+    compiled = _next_logits.lower(graphdef, abstract_state, cache, tok, tok,
                                   window=max_len).compile()
     return compiled.as_text(), time.perf_counter() - t0
 
@@ -160,6 +158,7 @@ def run(quick: bool = False, log=print, mesh_shape: tuple[int, int, int] = (1, 4
     from retrojax.learn.update import make_update
     from retrojax.model import PRESETS, Qwen3
     from retrojax.model.build import create_sharded
+    from retrojax.model.qwen3 import abstract_cache
     from retrojax.parallel.mesh import make_mesh
     from retrojax.parallel.shard import global_batch, param_shapes
 
@@ -222,11 +221,9 @@ def run(quick: bool = False, log=print, mesh_shape: tuple[int, int, int] = (1, 4
             figures[f"{key}.{op}.count"] = float(cd.get(f"{op}.count", 0))
             figures[f"{key}.{op}.bytes"] = float(cd.get(f"{op}.bytes", 0))
     figures["parallel.decode_weight_allgathers"] = figures["decode.weight_allgathers"]
-    c = config
-    cache_shape = (c.num_hidden_layers, dec_rows, dec_len, c.num_key_value_heads, c.head_dim)
-    cache_sh = um.plan.cache(cache_shape)
-    figures["decode.kv_cache_per_device_bytes"] = float(
-        2 * math.prod(cache_sh.shard_shape(cache_shape)) * jnp.dtype(many.dtype).itemsize)
+    cache = abstract_cache(config, dec_rows, dec_len, many.dtype, um.plan.cache)
+    figures["decode.kv_cache_per_device_bytes"] = float(sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in (cache.k, cache.v)))
     figures["decode.rollout_params_per_device_bytes"] = float(_shard_bytes(
         _abstract(param_shapes(many), um.plan.rollout_params)))
 

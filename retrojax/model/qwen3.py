@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -189,21 +189,52 @@ PRESETS: dict[str, Qwen3Config] = {
 }
 
 
-_CACHE = (None, "cache_batch", "cache_seq", "act_kv_heads", None)  # logical layout of KVCache.k / .v
+# Cache layout: the slot is the minor axis of the keys and the second-minor axis of the values, the layouts
+# decode's two attention products (q·Kᵀ over head_dim, p·V over slots) read as stored. With [L, B, S, KVH, D]
+# XLA:CPU copied a transposed window of both per layer per decode step: ~60% of a demo-size step.
+CACHE_K_AXES = (None, "cache_batch", "act_kv_heads", None, "cache_seq")  # logical axes of KVCache.k
+CACHE_V_AXES = (None, "cache_batch", "act_kv_heads", "cache_seq", None)  # logical axes of KVCache.v
 
 
 @flax.struct.dataclass
 class KVCache:
     """Per-layer keys/values, slot index == token position within the row's conversation."""
 
-    k: jax.Array  # [L, B, S, KVH, D]
-    v: jax.Array  # [L, B, S, KVH, D]
+    k: jax.Array  # [L, B, KVH, D, S]
+    v: jax.Array  # [L, B, KVH, S, D]
+
+    @property
+    def slots(self) -> int:
+        return int(self.v.shape[3])
+
+
+def cache_shapes(config: Qwen3Config, batch: int, max_len: int) -> KVCache:
+    """The cache's shapes (a KVCache of tuples): k [L, B, KVH, D, S], v [L, B, KVH, S, D]."""
+    c = config
+    return KVCache(k=(c.num_hidden_layers, batch, c.num_key_value_heads, c.head_dim, max_len),
+                   v=(c.num_hidden_layers, batch, c.num_key_value_heads, max_len, c.head_dim))
+
+
+LeafSharding = Callable[[tuple[int, ...], tuple[str | None, ...]], Any]
+
+
+def abstract_cache(config: Qwen3Config, batch: int, max_len: int, dtype: Any,
+                   sharding: LeafSharding | None = None) -> KVCache:
+    """``jax.ShapeDtypeStruct`` leaves of a cache (for lowering and memory plans); ``sharding(shape, axes)``
+    gives each leaf's sharding from its logical axes."""
+    shapes = cache_shapes(config, batch, max_len)
+
+    def leaf(shape: tuple[int, ...], axes: tuple[str | None, ...]) -> jax.ShapeDtypeStruct:
+        extra = {} if sharding is None else {"sharding": sharding(shape, axes)}
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), **extra)
+
+    return KVCache(k=leaf(shapes.k, CACHE_K_AXES), v=leaf(shapes.v, CACHE_V_AXES))
 
 
 def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype: Any = jnp.float32) -> KVCache:
     """An all-zero cache of ``max_len`` slots per row."""
-    shape = (config.num_hidden_layers, batch, max_len, config.num_key_value_heads, config.head_dim)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    shapes = cache_shapes(config, batch, max_len)
+    return KVCache(k=jnp.zeros(shapes.k, dtype), v=jnp.zeros(shapes.v, dtype))
 
 
 # Logical axis names of every parameter; see checkpoint.DEFAULT_RULES for the mapping onto mesh axes.
@@ -296,7 +327,8 @@ CAUSAL_Q_BLOCK = 256  # query rows per block when the mask is known to be causal
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-           q_block: int = ATTN_Q_BLOCK, causal: bool = False) -> jax.Array:
+           q_block: int = ATTN_Q_BLOCK, causal: bool = False,
+           dense: Callable[..., jax.Array] | None = None) -> jax.Array:
     """Grouped-query attention with fp32 softmax.
 
     q: [B, T, N, D]; k, v: [B, S, KVH, D]; mask: [B, T, S] bool (True = may attend). Returns [B, T, N, D].
@@ -305,9 +337,14 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     forward and backward hold one block's [q_block, S] scores per head instead of [T, S]. With
     ``causal=True`` (the caller promises ``mask[:, t, s]`` is False for ``s > t``, S == T) each block of
     ``CAUSAL_Q_BLOCK`` rows attends only to the keys up to its last row: the same result with about half
-    the score work for long sequences.
+    the score work for long sequences. ``dense``: the unblocked attention (default ``_attend_dense``; the KV
+    cache's layout passes ``_attend_dense_cached``, with k [B, KVH, D, S] and v [B, KVH, S, D]).
     """
     b, t, n, d = q.shape
+    if dense is None:
+        dense = _attend_dense
+    elif causal:
+        raise ValueError("attend: causal blocks slice keys in the [B, S, KVH, D] layout; no custom dense")
     if causal and t > CAUSAL_Q_BLOCK:
         block = jax.checkpoint(lambda qb, kb, vb, mb: _attend_dense(qb, kb, vb, mb))
         outs = []
@@ -316,12 +353,12 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
             outs.append(block(q[:, lo:hi], k[:, :hi], v[:, :hi], mask[:, lo:hi, :hi]))
         return jnp.concatenate(outs, axis=1)
     if t <= q_block:
-        return _attend_dense(q, k, v, mask)
+        return dense(q, k, v, mask)
     nb = -(-t // q_block)
     pad = nb * q_block - t
     qs = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, nb, q_block, n, d).swapaxes(0, 1)
     ms = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, nb, q_block, mask.shape[-1]).swapaxes(0, 1)
-    block = jax.checkpoint(lambda qm: _attend_dense(qm[0], k, v, qm[1]))
+    block = jax.checkpoint(lambda qm: dense(qm[0], k, v, qm[1]))
     out = jax.lax.map(block, (qs, ms))  # [nb, B, q_block, N, D]
     return out.swapaxes(0, 1).reshape(b, nb * q_block, n, d)[:, :t]
 
@@ -522,6 +559,23 @@ def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> 
     return out.reshape(b, t, n, d)
 
 
+def _attend_dense_cached(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """``_attend_dense`` on the KV cache's layout: kt [B, KVH, D, S] (keys transposed), v [B, KVH, S, D].
+
+    The query rows of a kv head (T tokens × its G heads) form one matrix, so both products are plain batched
+    matmuls over (B, KVH) that read the cache window as stored.
+    """
+    b, t, n, d = q.shape
+    kvh = kt.shape[1]
+    g = n // kvh
+    qh = q.reshape(b, t, kvh, g, d).transpose(0, 2, 1, 3, 4).reshape(b, kvh, t * g, d)
+    scores = jnp.einsum("bkqd,bkds->bkqs", qh, kt, preferred_element_type=jnp.float32) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, :, None, :], scores.reshape(b, kvh, t, g, -1), _NEG)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(b, kvh, t * g, -1)
+    out = jnp.einsum("bkqs,bksd->bkqd", probs, v)
+    return out.reshape(b, kvh, t, g, d).transpose(0, 2, 1, 3, 4).reshape(b, t, n, d)
+
+
 _ACT = ("batch", "seq", "act_embed")
 
 
@@ -703,31 +757,34 @@ class Qwen3(nnx.Module):
         the loop): the layers then run as an unrolled Python loop, with no weight copy and fusion across
         layers. Without it they run as a ``lax.scan`` over the stacked weights, which slices (copies) each
         layer's weights per call but compiles in a fraction of the time (prefill: many tokens per call).
-        Either way each layer scatters its keys/values at ``[layer, row, slot]`` of the stacked cache, which
-        XLA updates in place when the cache is donated (in the scan it is loop carry: as scanned input/output
-        the whole cache would be re-stacked every step).
+        Either way each layer scatters its keys/values at slot ``write_start[b] + t`` of the stacked cache
+        (layout: ``KVCache``), which XLA updates in place when the cache is donated (in the scan it is loop
+        carry: as scanned input/output the whole cache would be re-stacked every step).
         """
         c = self.config
         h = self._embed(input_ids)
         b, t = input_ids.shape
-        if cache.k.shape[:2] != (c.num_hidden_layers, b):
-            raise ValueError(f"cache shape {cache.k.shape} does not match {c.num_hidden_layers} layers, "
+        if cache.v.shape[:2] != (c.num_hidden_layers, b):
+            raise ValueError(f"cache shape {cache.v.shape} does not match {c.num_hidden_layers} layers, "
                              f"batch {b}")
         if layers is not None and len(layers) != c.num_hidden_layers:
             raise ValueError(f"layers holds {len(layers)} layers' weights, the model has "
                              f"{c.num_hidden_layers}")
-        s = cache.k.shape[2] if window is None else min(int(window), cache.k.shape[2])
+        s = cache.slots if window is None else min(int(window), cache.slots)
         positions = jnp.asarray(positions, jnp.int32)
         slots = jnp.asarray(write_start, jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
         mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]  # [B, T, S]
-        rows = jnp.arange(b)[:, None]
+        # token t of row b, kv head h -> [layer, b, h, :, slot] of k and [layer, b, h, slot] of v
+        rows, heads = jnp.arange(b)[:, None, None], jnp.arange(c.num_key_value_heads)[None, None]
+        at = slots[..., None]
 
         def block(h, ck, cv, p, i):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
-            q, k, v = _qkv(p, x, positions, c)
-            ck = constrain(ck.at[i, rows, slots].set(k.astype(ck.dtype), mode="drop"), _CACHE)
-            cv = constrain(cv.at[i, rows, slots].set(v.astype(cv.dtype), mode="drop"), _CACHE)
-            attn = attend(q, ck[i, :, :s].astype(q.dtype), cv[i, :, :s].astype(q.dtype), mask)
+            q, k, v = _qkv(p, x, positions, c)  # k, v: [B, T, KVH, D]
+            ck = constrain(ck.at[i, rows, heads, :, at].set(k.astype(ck.dtype), mode="drop"), CACHE_K_AXES)
+            cv = constrain(cv.at[i, rows, heads, at].set(v.astype(cv.dtype), mode="drop"), CACHE_V_AXES)
+            attn = attend(q, ck[i, :, :, :, :s].astype(q.dtype), cv[i, :, :, :s].astype(q.dtype), mask,
+                          dense=_attend_dense_cached)
             return _finish_block(p, h, attn, c, flat_o=True), ck, cv
 
         ck, cv = cache.k, cache.v

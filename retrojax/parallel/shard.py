@@ -123,11 +123,10 @@ class ShardingPlan:
         return NamedSharding(self.mesh, partition_spec(names, shape, self.mesh, self.rules, self.strict,
                                                        what="batch"))
 
-    def cache(self, shape: tuple[int, ...]) -> NamedSharding:
-        """Sharding of a KV cache [L, rows, slots, kv_heads, head_dim]: rows over data × fsdp, heads
-        over tp."""
-        names = (None, "cache_batch", "cache_seq", "act_kv_heads", None)
-        return NamedSharding(self.mesh, partition_spec(names, shape, self.mesh, self.rollout_rules,
+    def cache(self, shape: tuple[int, ...], axes: tuple[str | None, ...]) -> NamedSharding:
+        """Sharding of one KV cache leaf with logical ``axes`` (``qwen3.CACHE_K_AXES`` / ``CACHE_V_AXES``):
+        rows over data × fsdp, kv heads over tp."""
+        return NamedSharding(self.mesh, partition_spec(axes, shape, self.mesh, self.rollout_rules,
                                                        what="kv cache"))
 
 
@@ -220,8 +219,12 @@ def place_cache(cache: Any, model: nnx.Module) -> Any:
     mesh = model_mesh(model)
     if mesh is None:
         return cache
+    from retrojax.model.qwen3 import CACHE_K_AXES, CACHE_V_AXES
+
     rules = rules_for("rollout")
-    names = (None, "cache_batch", "cache_seq", "act_kv_heads", None)
-    return jax.tree.map(
-        lambda x: jax.device_put(x, NamedSharding(mesh, partition_spec(names, x.shape, mesh, rules,
-                                                                         what="kv cache"))), cache)
+
+    def put(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+        spec = partition_spec(axes, x.shape, mesh, rules, what="kv cache")
+        return jax.device_put(x, NamedSharding(mesh, spec))
+
+    return type(cache)(k=put(cache.k, CACHE_K_AXES), v=put(cache.v, CACHE_V_AXES))

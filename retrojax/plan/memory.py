@@ -197,20 +197,17 @@ def sampler_held_bytes(cfg: Any, shapes: Shapes, mesh: Any, lora: Any = None) ->
     """Per-device bytes the trainer's sampler keeps between rollouts, from shapes alone (no compile): its
     KV cache, its per-layer decode copies of the weights and, on a mesh, the rollout-profile weights. The
     trainer's collect keeps the sampler (and these) alive through the update and the log-prob pass."""
-    import jax
-    import jax.numpy as jnp
-
+    from retrojax.model.qwen3 import abstract_cache
     from retrojax.parallel.shard import make_plan, param_shapes
 
     model = abstract_model(shapes, False, lora)
-    c = shapes.config
-    cache_shape = (c.num_hidden_layers, shapes.inflight, shapes.max_len, c.num_key_value_heads, c.head_dim)
     multi = mesh is not None and mesh.devices.size > 1
     plan = make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict) if multi else None
     pure = _with_shardings(param_shapes(model), None if plan is None else plan.rollout_params)
-    leaf = jax.ShapeDtypeStruct(cache_shape, jnp.dtype(shapes.dtype),
-                                **({} if plan is None else {"sharding": plan.cache(cache_shape)}))
-    return float(2 * shard_bytes([leaf]) + shard_bytes(pure["layers"]) + (shard_bytes(pure) if multi else 0))
+    cache = abstract_cache(shapes.config, shapes.inflight, shapes.max_len, shapes.dtype,
+                           None if plan is None else plan.cache)
+    return float(shard_bytes([cache.k, cache.v]) + shard_bytes(pure["layers"])
+                 + (shard_bytes(pure) if multi else 0))
 
 
 def _layer_sharding(sharding: Any) -> Any:
@@ -236,7 +233,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model.qwen3 import KVCache
+    from retrojax.model.qwen3 import abstract_cache
     from retrojax.parallel.shard import make_plan, param_shapes
     from retrojax.sampler import _decode, _prefill
     from retrojax.sampling.stops import pow2_at_least
@@ -244,7 +241,6 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     model = abstract_model(shapes, False, lora)
     rows = rows or shapes.inflight
     c, dt, sc = shapes.config, jnp.dtype(shapes.dtype), cfg.sampler
-    cache_shape = (c.num_hidden_layers, rows, shapes.max_len, c.num_key_value_heads, c.head_dim)
     multi = mesh is not None and mesh.devices.size > 1
     plan = make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict) if multi else None
     graphdef, state = nnx.split(model)
@@ -260,8 +256,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     def arg(shape, dtype, sharding=None):
         return jax.ShapeDtypeStruct(shape, dtype, **({} if sharding is None else {"sharding": sharding}))
 
-    leaf = arg(cache_shape, dt, None if plan is None else plan.cache(cache_shape))
-    cache = KVCache(k=leaf, v=leaf)
+    cache = abstract_cache(c, rows, shapes.max_len, dt, None if plan is None else plan.cache)
 
     def per_row(shape, dtype):
         return arg(shape, dtype, None if plan is None else plan.batch(shape))
@@ -281,7 +276,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     up_prefill = hoisted_upcasts(prefill.as_text()) if net else 0
     up_decode = hoisted_upcasts(decode.as_text()) if net else 0
     return {
-        "kv": float(2 * shard_bytes([leaf])),
+        "kv": float(shard_bytes([cache.k, cache.v])),
         "prefill_temp": float(_temp(prefill) - up_prefill),
         "decode_temp": float(_temp(decode) - up_decode),
         "prefill_upcast": float(up_prefill),

@@ -129,11 +129,12 @@ class RowBucketSampler(Sampler):
 
 # --- device functions: the sampler's bodies on a gathered sub-cache -----------------------------------------
 def _gather(cache: KVCache, idx: jax.Array, window: int) -> KVCache:
-    return KVCache(k=cache.k[:, idx, :window], v=cache.v[:, idx, :window])
+    return KVCache(k=cache.k[:, idx, ..., :window], v=cache.v[:, idx, :, :window])
 
 
 def _scatter(cache: KVCache, idx: jax.Array, window: int, sub: KVCache) -> KVCache:
-    return KVCache(k=cache.k.at[:, idx, :window].set(sub.k), v=cache.v.at[:, idx, :window].set(sub.v))
+    return KVCache(k=cache.k.at[:, idx, ..., :window].set(sub.k),
+                   v=cache.v.at[:, idx, :, :window].set(sub.v))
 
 
 def _prefill_rows_impl(graphdef, state, cache: KVCache, idx, ids, write_start, *, window: int) -> KVCache:
