@@ -68,6 +68,10 @@ class SamplerConfig:
     max_reflection_tokens: int = 384  # per reflection call
     chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048)
     max_inflight: int = 0  # trials in flight per sampler (KV-cache rows); 0 = all trials of a batch at once
+    # ours, off: each generate call runs on its own rows padded to a power of two (the serve engine's row
+    # buckets) instead of every cache row: a tick's few reflections no longer pay for all rows. Sampled
+    # replies draw other random numbers than with it off (greedy ones are the same)
+    row_buckets: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

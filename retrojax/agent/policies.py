@@ -236,8 +236,9 @@ class ModelPolicy(Policy):
                  top_p: float = 1.0, top_k: int = 0, seed: int = 0,
                  chunk_buckets: Sequence[int] = (32, 128, 512, 2048),
                  stop_strings: Sequence[str] = ("</action>",),
-                 reflection_stop_strings: Sequence[str] = ("</action>",)):
+                 reflection_stop_strings: Sequence[str] = ("</action>",), row_buckets: bool = False):
         self.model = model
+        self.row_buckets = row_buckets
         self.raw_tokenizer = tokenizer
         self.tokenizer = wrap_tokenizer(tokenizer)
         self.max_len, self.temperature, self.top_p, self.top_k = max_len, temperature, top_p, top_k
@@ -251,7 +252,8 @@ class ModelPolicy(Policy):
     def from_config(cls, cfg: Any, model: Any, tokenizer: Any) -> ModelPolicy:
         s = cfg.sampler
         return cls(model, tokenizer, max_len=s.max_len, temperature=s.temperature, top_p=s.top_p,
-                   top_k=s.top_k, seed=cfg.run.seed, chunk_buckets=s.chunk_buckets)
+                   top_k=s.top_k, seed=cfg.run.seed, chunk_buckets=s.chunk_buckets,
+                   row_buckets=getattr(s, "row_buckets", False))
 
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         from retrojax.sampler import Sampler
@@ -259,8 +261,11 @@ class ModelPolicy(Policy):
         super().begin(specs, slots, env)
         rows = max(slots) + 1 if len(slots) else 1
         if self.sampler is None or self.sampler.rows < rows:
-            self.sampler = Sampler(self.model, rows=rows, max_len=self.max_len, tokenizer=self.raw_tokenizer,
-                                   chunk_buckets=self.chunk_buckets)
+            kind = Sampler
+            if self.row_buckets:  # each call decodes only its rows (sampler.row_buckets)
+                from retrojax.serve.batching import RowBucketSampler as kind
+            self.sampler = kind(self.model, rows=rows, max_len=self.max_len, tokenizer=self.raw_tokenizer,
+                                chunk_buckets=self.chunk_buckets)
         for s in slots:
             self.sampler.reset(s)
 
