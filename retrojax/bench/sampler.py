@@ -56,33 +56,25 @@ def _timed(fn, repeats: int) -> float:
     return best
 
 
-def decode_ours(model: Qwen3, batch: int, prompt_len: int, new: int, repeats: int) -> float:
-    """Tokens/s of append + greedy generate on the KV-cache sampler."""
-    sampler = Sampler(model, rows=batch, max_len=prompt_len + new + 1, chunk_buckets=(prompt_len,))
+def decode_ours(model: Qwen3, batch: int, prompt_len: int, new: int, repeats: int,
+                prefill_once: bool = False) -> float:
+    """Tokens/s of append + greedy generate on the KV-cache sampler; ``prefill_once``: the prompt is prefilled
+    once and each run rewinds to it (generate only)."""
+    buckets = (256,) if prefill_once else (prompt_len,)
+    sampler = Sampler(model, rows=batch, max_len=prompt_len + new + 1, chunk_buckets=buckets)
     prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch, prompt_len))
     rows = list(range(batch))
-
-    def run():
-        for r in rows:
-            sampler.reset(r)
+    if prefill_once:
         sampler.append(rows, list(prompts))
-        outs = sampler.generate(rows, new, temperature=0.0)
-        assert all(o.ids.size == new for o in outs)
-
-    run()
-    return batch * new / _timed(run, repeats)
-
-
-def decode_long(model: Qwen3, batch: int, prompt_len: int, new: int, repeats: int) -> float:
-    """Tokens/s of greedy generate after a long prompt (prefilled once; each run rewinds to it)."""
-    sampler = Sampler(model, rows=batch, max_len=prompt_len + new + 1, chunk_buckets=(256,))
-    rows = list(range(batch))
-    prompts = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch, prompt_len))
-    sampler.append(rows, list(prompts))
 
     def run():
         for r in rows:
-            sampler.rewind(r, prompt_len)
+            if prefill_once:
+                sampler.rewind(r, prompt_len)
+            else:
+                sampler.reset(r)
+        if not prefill_once:
+            sampler.append(rows, list(prompts))
         outs = sampler.generate(rows, new, temperature=0.0)
         assert all(o.ids.size == new for o in outs)
 
@@ -185,8 +177,8 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
                 hf = figures[f"{prefix}hf_decode_tok_per_s.{key}"] = decode_hf(Path(tmp), b, prompt_len, new,
                                                                               repeats)
                 log(f"{prefix}decode_tok_per_s.{key}: {ours:.1f} (transformers {hf:.1f})")
-        long = figures[f"{prefix}long_decode_tok_per_s.{long_batch}"] = decode_long(
-            model, long_batch, long_prompt, new, repeats)
+        long = figures[f"{prefix}long_decode_tok_per_s.{long_batch}"] = decode_ours(
+            model, long_batch, long_prompt, new, repeats, prefill_once=True)
         log(f"{prefix}long_decode_tok_per_s.{long_batch}: {long:.1f} ({long_prompt}-token prompts)")
         if prefix:
             continue  # the multi-turn scenario runs on the tiny model only (minutes on 2 CPU cores)
