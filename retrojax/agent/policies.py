@@ -253,7 +253,7 @@ class ModelPolicy(Policy):
         s = cfg.sampler
         return cls(model, tokenizer, max_len=s.max_len, temperature=s.temperature, top_p=s.top_p,
                    top_k=s.top_k, seed=cfg.run.seed, chunk_buckets=s.chunk_buckets,
-                   row_buckets=getattr(s, "row_buckets", False))
+                   row_buckets=s.row_buckets)
 
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         from retrojax.sampler import Sampler

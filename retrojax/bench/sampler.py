@@ -68,12 +68,12 @@ def decode_ours(model: Qwen3, batch: int, prompt_len: int, new: int, repeats: in
         sampler.append(rows, list(prompts))
 
     def run():
-        for r in rows:
-            if prefill_once:
+        if prefill_once:  # back to the end of the prompt
+            for r in rows:
                 sampler.rewind(r, prompt_len)
-            else:
+        else:
+            for r in rows:
                 sampler.reset(r)
-        if not prefill_once:
             sampler.append(rows, list(prompts))
         outs = sampler.generate(rows, new, temperature=0.0)
         assert all(o.ids.size == new for o in outs)
