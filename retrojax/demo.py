@@ -20,11 +20,12 @@ Stages (all sizes in ``configs/demo.yaml``; ``--set`` changes any of them):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +110,15 @@ def load_checkpoint(cfg: Any) -> tuple[Any, Any]:
 # ---------------------------------------------------------------------------------------------------
 
 
+# Offsets from run.seed of the sampling streams (ModelTrials.sampling_stream): each stage draws its own.
+RL_STREAM = 7_919        # the RL trials
+POOL_STREAM = 104_729    # the SFT stop rule's checks on the RL pool
+CHECK_STREAM = 15_485_863  # the held-out checks during RL (eval.every); the final evaluations use run.seed
+
+
 class ModelTrials:
-    """Runs model trials on several worlds through one ``ModelPolicy`` (one sampler, one RNG stream).
+    """Runs model trials on several worlds through one ``ModelPolicy`` (one sampler; each stage samples from
+    a stream of its own, :meth:`sampling_stream`).
 
     Sharing the policy keeps one KV cache and one set of compiled sampler functions for training and
     evaluation batches (size them equally: ``tasks_per_update x trials_per_task`` and
@@ -133,6 +141,18 @@ class ModelTrials:
         random numbers, so the SFT-vs-RL comparison is paired in its randomness too (common random numbers)
         and one policy evaluated twice scores the same."""
         self.policy.seed, self.policy.ticks = int(seed), 0
+
+    @contextlib.contextmanager
+    def sampling_stream(self, seed: int) -> Iterator[None]:
+        """Sample from the stream that starts at ``seed`` inside the block, then resume the stream that was
+        running: evaluations and pool checks draw their own numbers and never move the RL trials' (so
+        ``eval.seeds`` or ``eval.every`` leave the training run as it was)."""
+        saved = (self.policy.seed, self.policy.ticks)
+        self.restart_sampling(seed)
+        try:
+            yield
+        finally:
+            self.policy.seed, self.policy.ticks = saved
 
     def run(self, env: Any, specs: Sequence[Any]) -> Archive:
         from retrojax.agent.runner import Runner
@@ -162,8 +182,8 @@ def evaluate(cfg: Any, trials: ModelTrials, env: Any, label: str) -> tuple[dict[
           f"x {cfg.eval.seeds} seed(s)", flush=True)
     from retrojax.agent.runner import make_specs
 
-    trials.restart_sampling(cfg.run.seed)
-    archive = trials.run(env, make_specs(range(n), range(cfg.eval.seeds), 1, cfg.eval.protocols))
+    with trials.sampling_stream(cfg.run.seed):
+        archive = trials.run(env, make_specs(range(n), range(cfg.eval.seeds), 1, cfg.eval.protocols))
     return summarize(archive.trials), archive
 
 
@@ -178,10 +198,10 @@ def play_pool(cfg: Any, trials: ModelTrials, env: Any, model: Any,
     levels = list(pool)[:cfg.learn.train_tasks or cfg.learn.tasks_per_update]
     b = cfg.trial.trials_per_task
     trials.set_model(model)
-    trials.restart_sampling(cfg.run.seed + 104_729)
     specs = [TrialSpec(trial=i * b + r, task=task, seed=cfg.run.seed, replicate=r,
                        protocol=cfg.trial.protocol) for i, task in enumerate(levels) for r in range(b)]
-    done = trials.run(env, specs).trials
+    with trials.sampling_stream(cfg.run.seed + POOL_STREAM):
+        done = trials.run(env, specs).trials
     solved = {int(t.task) for t in done if t.success}
     return float(np.mean([t.success for t in done])), len(solved) / len(levels)
 
@@ -298,13 +318,15 @@ def run(cfg: Any) -> Path:
         """Success on the held-out levels under the training protocol (learning-curve points)."""
         trials.set_model(policy_model)
         n = min(cfg.eval.num_tasks or test_env.num_tasks, test_env.num_tasks)
-        arch = trials.run(test_env, make_specs(range(n), [cfg.run.seed], 1, [cfg.trial.protocol]))
+        with trials.sampling_stream(cfg.run.seed + CHECK_STREAM):  # every check draws the same numbers
+            arch = trials.run(test_env, make_specs(range(n), [cfg.run.seed], 1, [cfg.trial.protocol]))
         return {"success": float(np.mean([t.success for t in arch.trials]))}
 
     trainer_cfg = cfg if cfg.eval.every > 0 else config.replace(cfg, eval={"every": -1})
     trainer = Trainer(trainer_cfg, model, tokenizer, collect=collect, pool=rl_levels,
                       evaluate=periodic_eval if cfg.eval.every > 0 else None,
                       num_tasks=train_env.num_tasks, out_dir=out / "rl", tensorboard=True, progress=True)
+    trials.restart_sampling(cfg.run.seed + RL_STREAM)  # the RL trials' own stream, whatever was evaluated
     try:
         history = trainer.fit(cfg.learn.updates) if cfg.learn.updates > 0 else []
         rl_model = trainer.model()

@@ -128,3 +128,31 @@ def test_demo_evaluations_draw_common_random_numbers(tiny):
     env.close()
     replies = [[(c.trial, c.output_ids.tobytes()) for c in a.calls] for a in (first, second)]
     assert replies[0] and replies[0] == replies[1]
+
+
+def test_demo_evaluations_leave_the_training_stream_where_it_was(tiny):
+    """An evaluation samples from a stream of its own and resumes the one that was running: the training
+    trials after it draw what they would have drawn without it, however many evaluation seeds it used (so
+    ``eval.seeds`` never changes an RL run)."""
+    from retrojax.demo import ModelTrials, evaluate
+
+    model, tok = tiny
+    base = ["trial.max_calls=4", "trial.branch_budget=2", "trial.prompt_style=compact",
+            "sampler.max_len=1024", "sampler.max_new_tokens=12", "sampler.temperature=1.0",
+            "sampler.max_reflection_tokens=12", "sampler.chunk_buckets=[128, 512]",
+            "eval.num_tasks=2", "eval.protocols=[T@1]"]
+    env = SokobanEnv("sokoban-6x6-2:test")
+    spec = [TrialSpec(trial=r, task=5, seed=9, replicate=r, protocol="T@1") for r in range(2)]
+    runs = []
+    for seeds in (0, 1, 2):  # 0: no evaluation in between
+        cfg = config.load(None, [*base, f"eval.seeds={max(seeds, 1)}"])
+        trials = ModelTrials(cfg, tok, model)
+        trials.restart_sampling(123)
+        first = trials.run(env, spec)
+        if seeds:
+            evaluate(cfg, trials, env, "in between")
+        second = trials.run(env, spec)
+        runs.append([[c.output_ids.tobytes() for c in a.calls] for a in (first, second)])
+    env.close()
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0][0] != runs[0][1]  # the stream moved on between the two batches (it was not restarted)
