@@ -91,6 +91,7 @@ class SegmentRecord:
     end_reason: str = ""  # one of SEGMENT_END_REASONS
     end_checkpoint: int = 0  # k at the segment's end
     score: float = 0.0  # S: cumulative reward along the retained path from s_0 at the segment's end
+    progress: float | None = None  # the world's task progress at its end (TrialEnv.endpoint_progress)
 
 
 @dataclasses.dataclass
@@ -133,6 +134,7 @@ class TrialRecord:
     actions_to_success: int | None = None
     end_reason: str = ""
     final_score: float = 0.0
+    final_progress: float | None = None  # the world's task progress at the trial's end (endpoint_progress)
     d0: float | None = None  # progress scale of the task (e.g. Sokoban initial solver distance)
 
 

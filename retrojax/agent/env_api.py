@@ -183,6 +183,13 @@ class TrialEnv(abc.ABC):
     def branch_value(self, progress: Sequence[float], solved: bool, failed: bool) -> float:
         """V(branch | anchor) from the progress figures along the branch (anchor first)."""
 
+    def endpoint_progress(self, progress: Sequence[float], score: float, solved: bool, failed: bool) -> float:
+        """Task progress at the end of a retained path ``C_0 … C_k`` (from its progress figures and cumulative
+        reward): the endpoint score S that ``learn.task_score=progress`` normalizes. Default: the cumulative
+        reward (C.2 for MineSweeper, "S accumulates rewards along the retained path"; the text worlds'
+        endpoint score)."""
+        return float(score)
+
     @abc.abstractmethod
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         """The best next action text per slot (None when the world knows none, e.g. a dead state)."""

@@ -289,6 +289,11 @@ class SokobanEnv(FunctionalEnv):
         d_end = 0.0 if solved else d0 if (failed or not np.isfinite(progress[-1])) else float(progress[-1])
         return d0 - d_end
 
+    def endpoint_progress(self, progress: Sequence[float], score: float, solved: bool, failed: bool) -> float:
+        """C.2's progress d_0 − d_end of the path from ``C_0`` (0 for a dead end, d_0 when solved), not the
+        move-penalised reward: among failed segments the reward ranks the shortest first."""
+        return self.branch_value(progress, solved, failed)
+
     def prompt_fields(self, task: int) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, "boxes": self.boxes}
 

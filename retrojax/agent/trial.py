@@ -682,12 +682,19 @@ class Trial:
             progress = [self.path[0].progress, *progress]
         return float(self.env.branch_value(progress, branch[-1].solved, branch[-1].failed))
 
+    def _endpoint_progress(self) -> float:
+        """The world's task progress at the end of the retained path (``TrialEnv.endpoint_progress``)."""
+        last = self.path[-1]
+        return float(self.env.endpoint_progress([c.progress for c in self.path], last.score, last.solved,
+                                                last.failed))
+
     def _close_segment(self, reason: str) -> None:
         seg = self.segment
         if seg.end_reason:
             return
         last = self.path[-1]
         seg.end_reason, seg.end_checkpoint, seg.score = reason, self.k, float(last.score)
+        seg.progress = self._endpoint_progress()
         self.segments.append(seg)
         open_rec = self.open_recovery
         if open_rec is not None and open_rec.resumed_segment == seg.index:
@@ -702,6 +709,7 @@ class Trial:
         r.end_reason = reason
         r.success = reason == "success"
         r.final_score = float(self.path[-1].score)
+        r.final_progress = self._endpoint_progress()
         r.distinct_states = len(self.states_seen)
         r.actions_to_success = self.moves if r.success else None
 

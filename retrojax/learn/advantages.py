@@ -11,6 +11,14 @@ Everything here reads only ``retrojax.agent.archive`` records. Per task u (trial
   or ``V(resumed | s_j)`` (``v_plus_only``); eligible recoveries (eq. 18: a non-empty reflection output, a
   resumed segment with at least one decision, both values defined) are normalized over the task into A_ref.
 
+``task_score`` says what S (and the trajectory estimators' trial outcome) is. ``reward``: the cumulative
+reward along the retained path. ``progress``: the world's task progress at the endpoint
+(``TrialEnv.endpoint_progress``): the cumulative reward for MineSweeper and the text worlds, ``d_0 − d_end``
+for Sokoban (C.2's progress measure: 0 for a dead end, d_0 when solved). The paper calls S the
+"task-progress score" and "endpoint progress" (4.1, D.5.2); under Sokoban's reward (−0.1 per move, ±1 box
+on/off target, +10 solved) a group whose trials all fail ranks its segments by how few moves they made, so
+the macro term favours failing early.
+
 Estimators (``LearnConfig.estimator``):
 
 - ``sa_grpo``: A_cont for decisions, A_ref for eligible reflections (the paper's method).
@@ -51,6 +59,7 @@ from retrojax.agent.archive import EXECUTION, REFLECTION, Archive, CallRecord, R
 ESTIMATORS = ("sa_grpo", "grpo", "rloo", "gigpo", "gigpo_retro")
 REFLECTION_REWARDS = ("advancement", "v_plus_only")
 REWIND_RETURNS = ("segment", "resumed")
+TASK_SCORES = ("reward", "progress")
 _WITH_REFLECTION = ("sa_grpo", "gigpo_retro")
 
 
@@ -174,8 +183,16 @@ def _segments_of_decisions(calls: Iterable[CallRecord]) -> dict[tuple[int, int, 
     return out
 
 
-def _trial_outcomes(archive: Archive) -> dict[tuple[int, int], float]:
-    return {(t.task, t.trial): float(t.final_score) for t in archive.trials}
+def _trial_outcomes(archive: Archive, task_score: str = "reward") -> dict[tuple[int, int], float]:
+    return {(t.task, t.trial): float(t.final_score if task_score == "reward" or t.final_progress is None
+                                     else t.final_progress) for t in archive.trials}
+
+
+def _segment_scores(archive: Archive, task_score: str) -> dict[tuple[int, int, int], float]:
+    """S per (task, trial, segment): the cumulative reward, or under ``progress`` the world's endpoint
+    progress (recorded by the trial loop; archives written before it fall back to the reward)."""
+    return {(s.task, s.trial, s.index): float(s.score if task_score == "reward" or s.progress is None
+                                              else s.progress) for s in archive.segments}
 
 
 def _task_trials(archive: Archive, decisions: list[CallRecord], task: int) -> list[tuple[int, int]]:
@@ -231,12 +248,15 @@ def _continue_rewind_returns(returns: dict[tuple[int, int, int], float], recover
 def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_state: float = 1.0,
                        gamma: float = 1.0, eps: float = 1e-6,
                        reflection_reward_kind: str = "advancement",
-                       invalid_penalty: float = 0.0, rewind_return: str = "segment") -> Advantages:
+                       invalid_penalty: float = 0.0, rewind_return: str = "segment",
+                       task_score: str = "reward") -> Advantages:
     """Credits for every trained call of ``archive`` under ``estimator`` (see the module docstring)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
     if rewind_return not in REWIND_RETURNS:
         raise ValueError(f"unknown rewind_return {rewind_return!r}; expected one of {REWIND_RETURNS}")
+    if task_score not in TASK_SCORES:
+        raise ValueError(f"unknown task_score {task_score!r}; expected one of {TASK_SCORES}")
     if reflection_reward_kind not in REFLECTION_REWARDS:
         raise ValueError(f"unknown reflection_reward {reflection_reward_kind!r}; "
                          f"expected {REFLECTION_REWARDS}")
@@ -245,7 +265,7 @@ def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_s
         raise ValueError("archive has duplicate (task, trial, call_index) records")
     seg_calls = _segments_of_decisions(archive.calls)
     seg_sizes = {k: len(v) for k, v in seg_calls.items()}
-    seg_scores = {(s.task, s.trial, s.index): float(s.score) for s in archive.segments}
+    seg_scores = _segment_scores(archive, task_score)
     invalid_seg, invalid_trial = _invalid_counts(archive.calls) if invalid_penalty else ({}, {})
     for k, n in invalid_seg.items():
         if k in seg_scores:
@@ -262,7 +282,7 @@ def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_s
     macro: dict[tuple[int, int, int], float] = {}
     local: dict[tuple[int, int, int], float] = {}
     exec_adv: dict[tuple[int, int, int], float] = {}
-    outcomes = _trial_outcomes(archive)
+    outcomes = _trial_outcomes(archive, task_score)
     for k, n in invalid_trial.items():
         if k in outcomes:
             outcomes[k] += invalid_penalty * n
@@ -326,7 +346,7 @@ def advantages_from_config(archive: Archive, learn_cfg) -> Advantages:
                               gamma=learn_cfg.gamma, eps=learn_cfg.norm_eps,
                               reflection_reward_kind=learn_cfg.reflection_reward,
                               invalid_penalty=learn_cfg.invalid_penalty,
-                              rewind_return=learn_cfg.rewind_return)
+                              rewind_return=learn_cfg.rewind_return, task_score=learn_cfg.task_score)
 
 
 def _stats(credits: list[Credit], r_ref: dict, ineligible: int) -> dict[str, float]:
