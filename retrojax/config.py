@@ -121,10 +121,10 @@ class LearnConfig:
     # segment: a rewind request's return is its own δ = 0 (the paper, D.5.2) | resumed (ours): a rewind's
     # return continues into the branch it resumes (+ γ·G of its first decision); see learn/advantages.py
     rewind_return: Literal["segment", "resumed"] = "segment"
-    # S of the macro term and the trial outcome of the trajectory estimators: reward (the cumulative reward
-    # along the retained path) | progress (the world's endpoint progress: Sokoban's d_0 − d_end, C.2; the
-    # cumulative reward elsewhere); see learn/advantages.py
-    task_score: Literal["reward", "progress"] = "reward"
+    # S of the macro term and the trial outcome of the trajectory estimators: progress (the paper's "endpoint
+    # progress": the world's, Sokoban's d_0 − d_end of C.2, the cumulative reward elsewhere) | reward (the
+    # cumulative reward along the retained path, which for Sokoban ranks failed segments by fewest moves)
+    task_score: Literal["reward", "progress"] = "progress"
     clip_eps: float = 0.2
     clip_eps_high: float | None = None
     kl_coef: float = 0.0

@@ -11,13 +11,13 @@ Everything here reads only ``retrojax.agent.archive`` records. Per task u (trial
   or ``V(resumed | s_j)`` (``v_plus_only``); eligible recoveries (eq. 18: a non-empty reflection output, a
   resumed segment with at least one decision, both values defined) are normalized over the task into A_ref.
 
-``task_score`` says what S (and the trajectory estimators' trial outcome) is. ``reward``: the cumulative
-reward along the retained path. ``progress``: the world's task progress at the endpoint
-(``TrialEnv.endpoint_progress``): the cumulative reward for MineSweeper and the text worlds, ``d_0 − d_end``
-for Sokoban (C.2's progress measure: 0 for a dead end, d_0 when solved). The paper calls S the
-"task-progress score" and "endpoint progress" (4.1, D.5.2); under Sokoban's reward (−0.1 per move, ±1 box
-on/off target, +10 solved) a group whose trials all fail ranks its segments by how few moves they made, so
-the macro term favours failing early.
+``task_score`` says what S (and the trajectory estimators' trial outcome) is. ``progress`` (default): the
+world's task progress at the endpoint (``TrialEnv.endpoint_progress``): the cumulative reward for MineSweeper
+and the text worlds, ``d_0 − d_end`` for Sokoban (C.2's progress measure: 0 for a dead end, d_0 when solved).
+The paper calls S the "task-progress score" and "endpoint progress" (4.1, D.5.2; our copy lacks Table 6, which
+lists S per world). ``reward``: the cumulative reward along the retained path; under Sokoban's reward (−0.1
+per move, ±1 box on/off target, +10 solved) a group whose trials all fail then ranks its segments by how few
+moves they made, so the macro term favours failing early (measured in ``tests/test_learn_task_score.py``).
 
 Estimators (``LearnConfig.estimator``):
 
@@ -183,7 +183,7 @@ def _segments_of_decisions(calls: Iterable[CallRecord]) -> dict[tuple[int, int, 
     return out
 
 
-def _trial_outcomes(archive: Archive, task_score: str = "reward") -> dict[tuple[int, int], float]:
+def _trial_outcomes(archive: Archive, task_score: str) -> dict[tuple[int, int], float]:
     return {(t.task, t.trial): float(t.final_score if task_score == "reward" or t.final_progress is None
                                      else t.final_progress) for t in archive.trials}
 
@@ -249,7 +249,7 @@ def compute_advantages(archive: Archive, estimator: str = "sa_grpo", *, lambda_s
                        gamma: float = 1.0, eps: float = 1e-6,
                        reflection_reward_kind: str = "advancement",
                        invalid_penalty: float = 0.0, rewind_return: str = "segment",
-                       task_score: str = "reward") -> Advantages:
+                       task_score: str = "progress") -> Advantages:
     """Credits for every trained call of ``archive`` under ``estimator`` (see the module docstring)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
