@@ -166,6 +166,9 @@ class EvalConfig:
     every: int = 0  # evaluate every N updates during training (0 = only at the end)
     num_tasks: int | None = 32
     seeds: int = 1
+    # ours: the demo also scores the SFT and the RL policy with greedy decoding (one seed): a held-out gain at
+    # the sampling temperature that vanishes here is sharpening, not more boards read
+    greedy: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,6 +71,20 @@ def test_expert_first_move_agreement_is_reported_per_window_and_held_out():
     assert "learn.heldout.sft.expert_first_move" not in old
 
 
+def test_greedy_held_out_figures_are_reported_when_the_run_has_them():
+    curve = [{"update": i + 1, "success": 0.5, "trials": 32, "wall_s": 60.0 * (i + 1)} for i in range(4)]
+    results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
+    greedy = {"SFT": {"T@3": {"success": 0.45, "ci95": [0.3, 0.6]}},
+              "RL": {"T@3": {"success": 0.46, "ci95": [0.3, 0.6]}}}
+    f = figures_from_summary({"curve": curve, "results": results, "results_greedy": greedy}, wall_s=1.0)
+    assert f["learn.heldout.sft.greedy.T@3"] == 0.45 and f["learn.heldout.rl.greedy.T@3"] == 0.46
+    assert f["learn.heldout.rl.T@3"] == 0.5  # the sampled figures stay what they were
+    for summary in ({"curve": curve, "results": results}, {"curve": curve, "results": results,
+                                                           "results_greedy": {}}):
+        assert not any("greedy" in k for k in figures_from_summary(summary, wall_s=1.0))
+
+
 def test_windows_cover_one_pass_over_a_larger_pool():
     from retrojax.learn.curves import pool_window
 

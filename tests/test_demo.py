@@ -14,7 +14,7 @@ SHRUNK = [
     "sft.num_solver_episodes=6", "sft.num_recovery_episodes=6", "sft.oracle_epsilon=0.5",
     "learn.updates=1", "learn.tasks_per_update=3", "trial.trials_per_task=3", "learn.seq_buckets=[1024]",
     "eval.num_tasks=3", "sampler.max_len=1024", "sampler.chunk_buckets=[64]", "trial.max_calls=6",
-    "learn.train_tasks=3",
+    "learn.train_tasks=3", "eval.greedy=true",
 ]
 
 
@@ -47,6 +47,8 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     for policy in ("SFT", "RL"):
         assert set(summary["results"][policy]) == {"P@1", "T@1", "T@3"}
+        assert {p: r["n"] for p, r in summary["results_greedy"][policy].items()} == {
+            "P@1": 3, "T@1": 3, "T@3": 3}  # eval.greedy: both policies again with greedy decoding
         for r in summary["results"][policy].values():
             assert r["n"] == 3 and 0.0 <= r["success"] <= 1.0 and r["ci95"][0] <= r["success"] <= r["ci95"][1]
     assert summary["sft"]["pack"]["own_tokens"] > 0 and np.isfinite(summary["sft"]["held_out_nll_after"])
@@ -71,6 +73,7 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
 
     report = (out / "report.md").read_text()
     assert "| SFT | T@3 |" in report and "| RL | P@1 |" in report and "Δref" in report
+    assert "greedy decoding (temperature 0" in report
     assert "drawn from the first 3 training levels" in report
     assert "stopped at the first check where the policy solved ≥ 100% of the RL pool's trials" in report
     assert "## Per-update diagnostics" in report and "mixed groups" in report

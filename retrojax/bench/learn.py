@@ -17,6 +17,8 @@ Figures (stable keys):
 - ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure
   (``learn.solved_groups.*`` / ``learn.failed_groups.*``: all solved / all failed — groups without a signal);
 - ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
+- ``learn.heldout.{sft,rl}.greedy.T@3`` (with ``--set eval.greedy=true``): the same with greedy decoding —
+  a held-out gain that vanishes there is sharpening;
 - ``learn.expert_first_move.first`` / ``.last`` (training batch, same windows) and
   ``learn.heldout.{sft,rl}.expert_first_move``: share of trials whose first move is one of the expert's best
   at ``C_0`` — does the policy read the board (:mod:`retrojax.eval.first_move`)?
@@ -102,6 +104,9 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])
         name = f"learn.heldout.{key}.{protocol}"
         out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = r["ci95"]
+        g = (summary.get("results_greedy") or {}).get(label, {}).get(protocol)
+        if g is not None:  # eval.greedy: the same levels with greedy decoding
+            out[f"learn.heldout.{key}.greedy.{protocol}"] = float(g["success"])
         agree = (summary.get("heldout_expert_first_move") or {}).get(label)
         if agree is not None:
             out[f"learn.heldout.{key}.expert_first_move"] = float(agree)
