@@ -1,8 +1,9 @@
 """``learn.invalid_penalty`` (our option, not the paper's; default 0) on trials run through the real loop.
 
 A policy that never writes an action tag makes only invalid turns (δ = 0, no transition); a policy that moves
-pays −0.1 per Sokoban move. On a level that cannot be solved within the call budget, the paper's rule ranks
-the idle trial's segment above every moving one; a penalty equal to the move cost removes that preference.
+pays −0.1 per Sokoban move. On a level that cannot be solved within the call budget, the paper's δ with S the
+cumulative reward (``learn.task_score=reward``, the demo's) ranks the idle trial's segment above every moving
+one; a penalty equal to the move cost removes that preference.
 """
 
 from __future__ import annotations
@@ -62,12 +63,12 @@ def test_paper_rule_ranks_the_idle_trial_first_and_the_penalty_removes_it(archiv
     moving = [c for c in arch.calls if c.trial not in idle and c.role == EXECUTION]
     assert moving and all(c.valid and c.reward < 0 for c in moving)
 
-    paper = compute_advantages(arch, "sa_grpo")
+    paper = compute_advantages(arch, "sa_grpo", task_score="reward")
     m = _macro_by_trial(paper, arch)
     (i,) = idle
     assert m[i] > 0 and all(m[i] > v for t, v in m.items() if t != i)  # doing nothing is ranked best
 
-    ours = compute_advantages(arch, "sa_grpo", invalid_penalty=-0.1)
+    ours = compute_advantages(arch, "sa_grpo", invalid_penalty=-0.1, task_score="reward")
     m2 = _macro_by_trial(ours, arch)
     # no longer ranked above the trials that moved (up to float32 rounding of the env's −0.1 rewards,
     # which a near-constant group's normalization magnifies to ~1e-3)
