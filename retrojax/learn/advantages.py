@@ -183,16 +183,18 @@ def _segments_of_decisions(calls: Iterable[CallRecord]) -> dict[tuple[int, int, 
     return out
 
 
+def _score(reward: float, progress: float | None, task_score: str) -> float:
+    """S under ``task_score``: the cumulative reward, or the world's endpoint progress (recorded by the trial
+    loop; records written before it fall back to the reward)."""
+    return float(reward if task_score == "reward" or progress is None else progress)
+
+
 def _trial_outcomes(archive: Archive, task_score: str) -> dict[tuple[int, int], float]:
-    return {(t.task, t.trial): float(t.final_score if task_score == "reward" or t.final_progress is None
-                                     else t.final_progress) for t in archive.trials}
+    return {(t.task, t.trial): _score(t.final_score, t.final_progress, task_score) for t in archive.trials}
 
 
 def _segment_scores(archive: Archive, task_score: str) -> dict[tuple[int, int, int], float]:
-    """S per (task, trial, segment): the cumulative reward, or under ``progress`` the world's endpoint
-    progress (recorded by the trial loop; archives written before it fall back to the reward)."""
-    return {(s.task, s.trial, s.index): float(s.score if task_score == "reward" or s.progress is None
-                                              else s.progress) for s in archive.segments}
+    return {(s.task, s.trial, s.index): _score(s.score, s.progress, task_score) for s in archive.segments}
 
 
 def _task_trials(archive: Archive, decisions: list[CallRecord], task: int) -> list[tuple[int, int]]:
