@@ -157,7 +157,7 @@ class ModelTrials:
     def run(self, env: Any, specs: Sequence[Any]) -> Archive:
         from retrojax.agent.runner import Runner
 
-        return Runner(self.cfg, env, self.policy).run(specs)
+        return Runner(self.cfg, env, self.policy, record_best=True).run(specs)
 
 
 class GreedyEvaluation:

@@ -77,6 +77,9 @@ class CallRecord:
     solved: bool = False
     failed: bool = False
     teach: bool = True  # a demonstration label to imitate (False: a scripted policy's deliberate random move)
+    # the world's best next actions at the decision's state (every move that starts a shortest solution),
+    # recorded by a runner with ``record_best`` in a world that lists them; None when not recorded
+    best_actions: list[str] | None = None
 
 
 @dataclasses.dataclass

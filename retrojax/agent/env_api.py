@@ -194,6 +194,10 @@ class TrialEnv(abc.ABC):
     def expert_actions(self, slots: Sequence[int]) -> list[str | None]:
         """The best next action text per slot (None when the world knows none, e.g. a dead state)."""
 
+    #: ``optimal_actions`` lists every best action and is cheap enough to ask at each decision (the runner's
+    #: ``record_best``); worlds with one expert action, or an expensive one, leave it False
+    lists_best_actions: bool = False
+
     def optimal_actions(self, slots: Sequence[int]) -> list[list[str]]:
         """Every best next action per slot, where a world knows more than one (default: the expert's)."""
         return [[] if a is None else [a] for a in self.expert_actions(slots)]

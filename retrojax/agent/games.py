@@ -215,6 +215,7 @@ class SokobanEnv(FunctionalEnv):
     prompt_key = "sokoban"
     value_from_initial = True  # C.2: V = d_0 − d_end with d_0 the initial state's distance, not the anchor's
     code_width = 3
+    lists_best_actions = True  # every shortest-solution move, from the distance table (one jitted call)
 
     def __init__(self, split: str, cache_dir: str | None = None, num_tasks: int | None = None,
                  board_notes: bool = False, push_notes: bool = False):

@@ -10,6 +10,10 @@ archive. The tokenizer is the policy's (``ModelPolicy``), else the one given, el
 (``chat.ByteChatTokenizer``), so scripted runs also give complete archives. Evaluation turns recording
 off: then scripted policies run without rendering prompts at all.
 
+``record_best`` (RL collection turns it on): in a world that lists its best actions
+(``TrialEnv.lists_best_actions``, Sokoban) each execution call records them (``CallRecord.best_actions``), so
+the learner's diagnostics can say whether the advantages favour the moves that start a shortest solution.
+
 The simple entry point is :func:`run_trials`::
 
     archive, metrics = run_trials(cfg, OraclePolicy(0.3), task_ids=range(16), seeds=[0, 1],
@@ -21,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from retrojax.agent.archive import Archive
+from retrojax.agent.archive import EXECUTION, Archive
 from retrojax.agent.chat import ByteChatTokenizer, ChatTokenizer, wrap_tokenizer
 from retrojax.agent.env_api import TrialEnv, make_env
 from retrojax.agent.policies import Policy
@@ -34,8 +38,9 @@ class Runner:
 
     def __init__(self, cfg: Any, env: TrialEnv, policy: Policy, *, tokenizer: Any = None,
                  record_tokens: bool = True, prompt_style: str | None = None,
-                 max_inflight: int | None = None):
+                 max_inflight: int | None = None, record_best: bool = False):
         self.cfg, self.env, self.policy = cfg, env, policy
+        self.record_best = bool(record_best) and bool(getattr(env, "lists_best_actions", False))
         limit = getattr(cfg.sampler, "max_inflight", 0) if max_inflight is None else max_inflight
         if limit < 0:
             raise ValueError(f"max_inflight must be >= 0 (0 = all at once), got {limit}")
@@ -127,10 +132,14 @@ class Runner:
             for t, _ in auto:
                 t.on_rewound()
         requests = [t.request() for t in live]
+        best = self._best_actions(requests)
         gens = ask(self.policy, requests)
         steps, rewinds = [], []
         for t, g in zip(live, gens, strict=True):
+            n_calls = len(t.calls)
             op = t.on_output(g)
+            if t.slot in best and len(t.calls) > n_calls:
+                t.calls[-1].best_actions = best[t.slot]
             if op is None:
                 continue
             (steps if op.kind == "step" else rewinds).append((t, op))
@@ -145,6 +154,14 @@ class Runner:
             for t, _ in rewinds:
                 t.on_rewound()
         self.ticks += 1
+
+
+    def _best_actions(self, requests: Sequence[Request]) -> dict[int, list[str]]:
+        """slot → the world's best actions, for the execution requests (only with ``record_best``)."""
+        if not self.record_best:
+            return {}
+        slots = [r.slot for r in requests if r.role == EXECUTION]
+        return dict(zip(slots, self.env.optimal_actions(slots), strict=True)) if slots else {}
 
 
 def _collect(trials: Sequence[Trial]) -> Archive:
@@ -196,13 +213,15 @@ def make_specs(task_ids: Iterable[int], seeds: Iterable[int], trials_per_task: i
 def run_trials(cfg: Any, policy: Policy, task_ids: Iterable[int] | None = None, seeds: Iterable[int] = (0,),
                trials_per_task: int | None = None, protocols: Sequence[str] | None = None, *,
                env: TrialEnv | None = None, split: str | None = None, tokenizer: Any = None,
-               record_tokens: bool = True, batch_size: int = 8192) -> tuple[Archive, dict[str, Any]]:
+               record_tokens: bool = True, batch_size: int = 8192,
+               record_best: bool = False) -> tuple[Archive, dict[str, Any]]:
     """Run trials and return ``(archive, metrics)``.
 
     ``task_ids`` default to every task of the split; ``trials_per_task`` to ``cfg.trial.trials_per_task``;
     ``protocols`` to ``[cfg.trial.protocol]``. The world is ``env`` or ``make_env(cfg, split)``. Trials
     run in batches of at most ``batch_size`` (a batch keeps whole task groups together when it can).
-    ``metrics`` is :func:`retrojax.eval.metrics.summarize` of the trial records.
+    ``metrics`` is :func:`retrojax.eval.metrics.summarize` of the trial records. ``record_best``: see the
+    module docstring.
     """
     from retrojax.eval.metrics import summarize
 
@@ -212,7 +231,8 @@ def run_trials(cfg: Any, policy: Policy, task_ids: Iterable[int] | None = None, 
         tasks = checked_task_ids(env, task_ids)
         b = cfg.trial.trials_per_task if trials_per_task is None else trials_per_task
         specs = make_specs(tasks, list(seeds), b, list(protocols or [cfg.trial.protocol]))
-        runner = Runner(cfg, env, policy, tokenizer=tokenizer, record_tokens=record_tokens)
+        runner = Runner(cfg, env, policy, tokenizer=tokenizer, record_tokens=record_tokens,
+                        record_best=record_best)
         size = max(b, (batch_size // b) * b)
         archive = Archive()
         for i in range(0, len(specs), size):

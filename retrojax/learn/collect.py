@@ -62,7 +62,7 @@ class RunnerCollect:
             raise ValueError(f"collect needs one seed per task, got {len(tasks)} tasks, {len(seeds)} seeds")
         if self.policy is None:
             self.policy = ModelPolicy.from_config(self.cfg, model, self.tokenizer)
-            self.runner = Runner(self.cfg, self.env, self.policy)
+            self.runner = Runner(self.cfg, self.env, self.policy, record_best=True)
         else:
             self.policy.model = model
             if self.policy.sampler is not None:

@@ -14,6 +14,8 @@ from retrojax.eval import report
 # Per-update diagnostics carried into the curve (the trainer logs them; see retrojax.learn.diagnostics).
 DIAGNOSTICS = ("rollout/expert_first_move", "diag/mixed_groups", "diag/solved_groups", "diag/failed_groups",
                "diag/adv/move", "diag/adv/rewind", "diag/adv/invalid", "diag/adv/reflection",
+               "diag/best_move_share", "diag/adv/move_best", "diag/adv/move_other",
+               "diag/adv_failed/move_best", "diag/adv_failed/move_other",
                "train/approx_kl", "diag/kl_ref", "train/entropy_est", "rollout/invalid",
                "train/optimizer_steps")
 
@@ -87,7 +89,12 @@ def diagnostics_table(curve: Sequence[dict[str, Any]]) -> str:
     cols = [("success", "success", "{:.0%}"), ("expert 1st move", "rollout/expert_first_move", "{:.0%}"),
             ("mixed groups", "diag/mixed_groups", "{:.0%}"),
             ("all solved", "diag/solved_groups", "{:.0%}"), ("all failed", "diag/failed_groups", "{:.0%}"),
-            ("A move", "diag/adv/move", "{:+.2f}"), ("A rewind", "diag/adv/rewind", "{:+.2f}"),
+            ("A move", "diag/adv/move", "{:+.2f}"), ("best moves", "diag/best_move_share", "{:.0%}"),
+            ("A best move", "diag/adv/move_best", "{:+.2f}"),
+            ("A other move", "diag/adv/move_other", "{:+.2f}"),
+            ("A best, failed", "diag/adv_failed/move_best", "{:+.2f}"),
+            ("A other, failed", "diag/adv_failed/move_other", "{:+.2f}"),
+            ("A rewind", "diag/adv/rewind", "{:+.2f}"),
             ("A invalid", "diag/adv/invalid", "{:+.2f}"), ("A reflection", "diag/adv/reflection", "{:+.2f}"),
             ("KL behaviour", "train/approx_kl", "{:.4f}"), ("KL ref", "diag/kl_ref", "{:.4f}"),
             ("entropy", "train/entropy_est", "{:.3f}"), ("invalid/trial", "rollout/invalid", "{:.2f}"),

@@ -4,6 +4,11 @@ What a careful RL engineer watches before changing a knob: whether the groups ca
 both a success and a failure), where the credit goes by decision kind (a policy can learn "stop" or "rewind"
 without reading the board if those kinds carry positive mean advantage in failed trials), and how many turns
 are invalid. Logged by the trainer under ``diag/…`` each update.
+
+Where the world recorded its best actions at each decision (``CallRecord.best_actions``, Sokoban in RL
+collection) the moves split further into ``best`` (the move starts a shortest solution) and ``other``: the
+gradient can only teach the board if ``diag/adv/move_best`` sits above ``diag/adv/move_other``, in failed
+groups too (``diag/adv_failed/…``), where half the groups of a weak policy are.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from retrojax.agent.archive import EXECUTION, Archive, CallRecord
 from retrojax.learn.advantages import Advantages
 
 KINDS = ("move", "rewind", "invalid", "reflection")
+MOVE_CLASSES = ("move_best", "move_other")  # moves at states whose best actions were recorded
 GROUP_SHARES = ("mixed", "solved", "failed")  # diag/<share>_groups: how the task groups split by outcome
 
 
@@ -26,6 +32,16 @@ def decision_kind(call: CallRecord) -> str:
     if not call.valid:
         return "invalid"
     return "rewind" if call.is_rewind else "move"
+
+
+def move_class(call: CallRecord) -> str | None:
+    """move_best | move_other for a valid move whose state's best actions were recorded; None otherwise (a
+    dead state lists none: every move there is ``move_other``). A multi-move action counts by its first
+    move."""
+    if call.best_actions is None or decision_kind(call) != "move":
+        return None
+    first = call.action.split(",")[0].strip()
+    return "move_best" if first in call.best_actions else "move_other"
 
 
 def group_composition(archive: Archive) -> dict[str, float]:
@@ -46,7 +62,8 @@ def group_composition(archive: Archive) -> dict[str, float]:
 def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
     """``diag/mixed_groups`` / ``diag/solved_groups`` / ``diag/failed_groups``, ``diag/adv/<kind>`` (mean
     advantage over all trials), ``diag/adv_failed/<kind>`` (in failed trials only; a mean is left out when its
-    kind made no decision), ``diag/count/<kind>`` and ``diag/invalid_per_trial``."""
+    kind made no decision), ``diag/count/<kind>`` and ``diag/invalid_per_trial``; with recorded best actions
+    also ``move_best`` / ``move_other`` as kinds and ``diag/best_move_share`` (best among those moves)."""
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
     success = {(t.task, t.trial): bool(t.success) for t in archive.trials}
     values: dict[str, list[float]] = defaultdict(list)
@@ -55,17 +72,24 @@ def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
         call = calls.get((cr.task, cr.trial, cr.call_index))
         if call is None:
             continue
-        kind = decision_kind(call)
-        values[kind].append(cr.advantage)
-        if not success.get((cr.task, cr.trial), False):
-            failed[kind].append(cr.advantage)
+        lost = not success.get((cr.task, cr.trial), False)
+        for kind in (decision_kind(call), move_class(call)):
+            if kind is None:
+                continue
+            values[kind].append(cr.advantage)
+            if lost:
+                failed[kind].append(cr.advantage)
     out = {f"diag/{name}_groups": share for name, share in group_composition(archive).items()}
-    for kind in KINDS:
+    recorded = any(c.best_actions is not None for c in archive.calls)
+    for kind in KINDS + (MOVE_CLASSES if recorded else ()):
         out[f"diag/count/{kind}"] = float(len(values[kind]))
         if values[kind]:  # a kind with no decision this update has a count of 0 and no mean (not NaN)
             out[f"diag/adv/{kind}"] = float(np.mean(values[kind]))
         if failed[kind]:
             out[f"diag/adv_failed/{kind}"] = float(np.mean(failed[kind]))
+    n_classed = len(values["move_best"]) + len(values["move_other"])
+    if n_classed:
+        out["diag/best_move_share"] = len(values["move_best"]) / n_classed
     n_trials = len(archive.trials)
     invalid = sum(1 for c in archive.calls if c.role == EXECUTION and not c.valid)
     out["diag/invalid_per_trial"] = invalid / n_trials if n_trials else float("nan")
