@@ -45,11 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
         ("learn", "retrojax.bench.learn:main", "SFT then K ReTRAIL updates on CPU: does success rise?"),
         ("parallel", "retrojax.bench.parallel:main", "mesh: per-device FLOPs/memory, collectives, 4B plan"),
         ("lora", "retrojax.bench.lora:main", "LoRA decode: merged weights vs adapters per step"),
+        ("credit", "retrojax.bench.credit:main", "one RL batch: mean advantage by group and move quality"),
     ]:
         p = bench_sub.add_parser(name, help=help_)
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
         p.add_argument("--quick", action="store_true", help="smaller sizes, for smoke tests")
         p.set_defaults(func=_handler(target))
+        if name == "credit":
+            p.add_argument("--policy", default="oracle:0.9", metavar="POLICY",
+                           help="oracle:EPS or model:DIR (default: oracle:0.9)")
+            p.add_argument("--tasks", type=int, default=64, help="training levels in the batch (default 64)")
+            p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a field of configs/demo.yaml (repeatable)")
         if name == "learn":
             p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                            help="override a field of configs/demo.yaml (repeatable)")
