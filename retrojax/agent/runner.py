@@ -155,7 +155,6 @@ class Runner:
                 t.on_rewound()
         self.ticks += 1
 
-
     def _best_actions(self, requests: Sequence[Request]) -> dict[int, list[str]]:
         """slot → the world's best actions, for the execution requests (only with ``record_best``)."""
         if not self.record_best:

@@ -8,7 +8,7 @@ are invalid. Logged by the trainer under ``diag/…`` each update.
 Where the world recorded its best actions at each decision (``CallRecord.best_actions``, Sokoban in RL
 collection) the moves split further into ``best`` (the move starts a shortest solution) and ``other``: the
 gradient can only teach the board if ``diag/adv/move_best`` sits above ``diag/adv/move_other``, in failed
-groups too (``diag/adv_failed/…``), where half the groups of a weak policy are.
+trials too (``diag/adv_failed/…``), which are most trials of a weak policy.
 """
 
 from __future__ import annotations
