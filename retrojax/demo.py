@@ -411,8 +411,10 @@ def run(cfg: Any) -> Path:
     if curve:
         with path.open("a") as f:
             f.write("\n## Per-update diagnostics\n\nMean advantage (A) by decision kind over the update's "
-                    "trained calls; KL estimates per sampled token; entropy is the mean −log π of the "
-                    "sampled tokens.\n\n" + diagnostics_table(curve) + "\n")
+                    "trained calls; best moves: the share of moves that start a shortest solution, with "
+                    "their A and the other moves' (over all trials, and over failed trials); KL estimates "
+                    "per sampled token; entropy is the mean −log π of the sampled tokens.\n\n"
+                    + diagnostics_table(curve) + "\n")
     summary = {"results": results, "deltas": {k: report.deltas(v) for k, v in results.items()},
                "sft": sft_stats, "demonstrations": demo_stats, "curve": curve, "attempts": attempts,
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
