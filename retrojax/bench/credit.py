@@ -17,6 +17,7 @@ both in failed groups is the pull toward ending segments early (docs/benchmarks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections import defaultdict
 from typing import Any
@@ -31,24 +32,17 @@ QUICK = ["trial.trials_per_task=4"]
 def credit_figures(archive: Any, learn_cfg: Any) -> dict[str, float]:
     """The per-rule figures of one archive (see the module docstring); other ``learn`` fields from
     ``learn_cfg`` (estimator, λ_state, γ, invalid penalty)."""
-    from retrojax.learn.advantages import REWIND_RETURNS, TASK_SCORES, compute_advantages
-    from retrojax.learn.diagnostics import decision_kind, move_class
+    from retrojax.learn.advantages import REWIND_RETURNS, TASK_SCORES, advantages_from_config
+    from retrojax.learn.diagnostics import decision_kind, group_composition, group_outcomes, move_class
 
-    outcomes: dict[int, list[bool]] = defaultdict(list)
-    for t in archive.trials:
-        outcomes[t.task].append(bool(t.success))
-    group = {task: "solved" if all(v) else "mixed" if any(v) else "failed" for task, v in outcomes.items()}
+    group = group_outcomes(archive)
     out: dict[str, float] = {"credit.success": float(np.mean([t.success for t in archive.trials]))}
-    for g in GROUPS:
-        out[f"credit.groups.{g}"] = float(np.mean([v == g for v in group.values()]))
+    out.update({f"credit.groups.{g}": share for g, share in group_composition(archive).items()})
     calls = {(c.task, c.trial, c.call_index): c for c in archive.calls}
     for score in TASK_SCORES:
         for rewind in REWIND_RETURNS:
-            adv = compute_advantages(archive, learn_cfg.estimator, lambda_state=learn_cfg.lambda_state,
-                                     gamma=learn_cfg.gamma, eps=learn_cfg.norm_eps,
-                                     reflection_reward_kind=learn_cfg.reflection_reward,
-                                     invalid_penalty=learn_cfg.invalid_penalty, rewind_return=rewind,
-                                     task_score=score)
+            rule = dataclasses.replace(learn_cfg, task_score=score, rewind_return=rewind)
+            adv = advantages_from_config(archive, rule)
             values: dict[tuple[str, str], list[float]] = defaultdict(list)
             for cr in adv.credits:
                 call = calls[(cr.task, cr.trial, cr.call_index)]

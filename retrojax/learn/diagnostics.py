@@ -44,19 +44,22 @@ def move_class(call: CallRecord) -> str | None:
     return "move_best" if first in call.best_actions else "move_other"
 
 
+def group_outcomes(archive: Archive) -> dict[int, str]:
+    """task → ``mixed`` (a success and a failure), ``solved`` (every trial) or ``failed`` (no trial)."""
+    by_task: dict[int, list[bool]] = defaultdict(list)
+    for t in archive.trials:
+        by_task[t.task].append(bool(t.success))
+    return {task: "solved" if all(v) else "mixed" if any(v) else "failed" for task, v in by_task.items()}
+
+
 def group_composition(archive: Archive) -> dict[str, float]:
     """Shares of task groups that are mixed (a success and a failure: the only groups whose macro advantage
     can rank trials), all solved and all failed — NaN each without trials. A pool whose groups saturate into
     all-solved / all-failed leaves RL without a success signal however long it runs."""
-    by_task: dict[int, list[bool]] = defaultdict(list)
-    for t in archive.trials:
-        by_task[t.task].append(bool(t.success))
-    if not by_task:
+    outcomes = list(group_outcomes(archive).values())
+    if not outcomes:
         return dict.fromkeys(GROUP_SHARES, float("nan"))
-    groups = list(by_task.values())
-    return {"mixed": float(np.mean([any(v) and not all(v) for v in groups])),
-            "solved": float(np.mean([all(v) for v in groups])),
-            "failed": float(np.mean([not any(v) for v in groups]))}
+    return {share: float(np.mean([o == share for o in outcomes])) for share in GROUP_SHARES}
 
 
 def update_diagnostics(archive: Archive, adv: Advantages) -> dict[str, float]:
