@@ -40,6 +40,8 @@ from retrojax.learn.curves import (
     diagnostics_table,
     learning_curve,
     pool_window,
+    replay_change,
+    replay_note,
 )
 from retrojax.learn.pool import BadPool, rl_pool
 from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
@@ -114,6 +116,7 @@ def load_checkpoint(cfg: Any) -> tuple[Any, Any]:
 RL_STREAM = 7_919        # the RL trials
 POOL_STREAM = 104_729    # the SFT stop rule's checks on the RL pool
 CHECK_STREAM = 15_485_863  # the held-out checks during RL (eval.every); the final evaluations use run.seed
+REPLAY_STREAM = 32_452_843  # the final policy replaying the first window's training trials
 
 
 class ModelTrials:
@@ -222,6 +225,22 @@ def play_pool(cfg: Any, trials: ModelTrials, env: Any, model: Any,
     return float(np.mean([t.success for t in done])), len(solved) / len(levels)
 
 
+def replay_window(cfg: Any, trials: ModelTrials, env: Any, model: Any,
+                  played: Sequence[tuple[list[Any], dict[int, bool]]]) -> dict[str, Any] | None:
+    """``model`` replays the trials of the given updates (each update's specs and their outcomes in training),
+    one update's batch at a time (the RL batch's shape), from a sampling stream of its own; returns
+    :func:`retrojax.learn.curves.replay_change` of the pairs."""
+    trials.set_model(model)
+    before: list[bool] = []
+    after: list[bool] = []
+    with trials.sampling_stream(cfg.run.seed + REPLAY_STREAM):
+        for specs, solved in played:
+            again = {int(t.trial): bool(t.success) for t in trials.run(env, specs).trials}
+            before += [solved[int(s.trial)] for s in specs]
+            after += [again[int(s.trial)] for s in specs]
+    return replay_change(before, after)
+
+
 def attempts_curve(archive: Archive, protocol: str) -> list[float] | None:
     """Success within k macro-attempts from the trials of a ``T@K`` protocol."""
     from retrojax.agent.trial import parse_protocol
@@ -319,6 +338,7 @@ def run(cfg: Any) -> Path:
         greedy["SFT"] = evaluate_greedy(test_env, model, "SFT")
 
     stages.begin("ReTRAIL RL")
+    played: list[tuple[list[Any], dict[int, bool]]] = []  # each update's trial specs and their outcomes
 
     def collect(policy_model: Any, tasks: Sequence[int], seeds: Sequence[int]) -> tuple[Archive, dict]:
         """B trials per task, all tasks in one batch; trial randomness from each task's seed."""
@@ -328,6 +348,7 @@ def run(cfg: Any) -> Path:
                            protocol=cfg.trial.protocol)
                  for i, (task, seed) in enumerate(zip(tasks, seeds, strict=True)) for r in range(b)]
         archive = trials.run(train_env, specs)
+        played.append((specs, {int(t.trial): bool(t.success) for t in archive.trials}))
         metrics = rollout_metrics(archive)
         agree = train_probe.agreement(archive)
         if agree is not None:
@@ -361,6 +382,14 @@ def run(cfg: Any) -> Path:
 
     if cfg.eval.greedy:
         greedy["RL"] = evaluate_greedy(test_env, rl_model, "RL")
+    # the first window's training trials again, by the final policy: the training-batch change, levels fixed
+    lc = cfg.learn
+    window = pool_window(trainer.tasks.num_tasks if lc.train_tasks is not None else None, lc.tasks_per_update)
+    w = min(window, len(history) // 2)
+    replay = None
+    if w >= 1 and len(played) >= w:
+        stages.begin("replay first window")
+        replay = replay_window(cfg, trials, train_env, rl_model, played[:w])
 
     stages.begin("report")
     results = {"SFT": sft_summary["results"], "RL": rl_summary["results"]}
@@ -382,7 +411,6 @@ def run(cfg: Any) -> Path:
         k_proto = next((p for p in cfg.eval.protocols if attempts_curve(arch, p) is not None), None)
         if k_proto is not None:
             attempts[f"{label} ({k_proto})"] = attempts_curve(arch, k_proto)
-    lc = cfg.learn
     pool = (f" drawn from the first {trainer.tasks.num_tasks} training levels" if lc.train_tasks is not None
             else "")
     if lc.pool_lengths is not None:
@@ -400,9 +428,7 @@ def run(cfg: Any) -> Path:
                       if lc.rewind_return != "segment" else ""))
     facts["budgets"] = (f"{cfg.trial.max_calls} calls per trial, branch budget {cfg.trial.branch_budget}, "
                         f"{cfg.trial.prompt_style} prompts, temperature {cfg.sampler.temperature}")
-    # first/last windows: one pass over the pool the trainer really plays (capped to the split), 2 without one
-    window = pool_window(trainer.tasks.num_tasks if lc.train_tasks is not None else None, lc.tasks_per_update)
-    notes = closing_notes(results, history, cfg, window=window)
+    notes = closing_notes(results, history, cfg, window=window, replay=replay)
     stages.end()
     path = report.write_report(
         out, title="retrojax demo: a small Qwen3 agent learns Sokoban with ReTRAIL", results=results,
@@ -420,7 +446,7 @@ def run(cfg: Any) -> Path:
                "stages": dict(stages.times), "total_s": stages.total, "policy": str(policy_dir),
                "checkpoints": str(out / "rl" / "checkpoints"), "report": str(path),
                "train_tasks": trainer.tasks.num_tasks, "tasks_per_update": cfg.learn.tasks_per_update,
-               "window_updates": window,
+               "window_updates": window, "replay_first_window": replay,
                "heldout_expert_first_move": first_moves,
                "results_greedy": greedy,
                "heldout_trials": {label: [[t.protocol, int(t.task), int(t.seed), bool(t.success)]
@@ -431,11 +457,14 @@ def run(cfg: Any) -> Path:
 
 
 def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg: Any,
-                  window: int = 2) -> list[str]:
-    """What the numbers say, without spin (``window``: updates per first/last training-batch window)."""
+                  window: int = 2, replay: dict[str, Any] | None = None) -> list[str]:
+    """What the numbers say, without spin (``window``: updates per first/last training-batch window;
+    ``replay``: the final policy on the first window's trials, :func:`replay_window`)."""
     notes = []
     if history:
         notes.append(batch_success_note(batch_success_change(learning_curve(history), window=window)))
+    if replay is not None:
+        notes.append(replay_note(replay))
     for p in cfg.eval.protocols:
         if p in results.get("SFT", {}) and p in results.get("RL", {}):
             notes.append("Held-out: " + report.compare_sentence(results, "SFT", "RL", p))

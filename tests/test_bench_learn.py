@@ -112,3 +112,43 @@ def test_the_warm_starts_steps_and_stop_checks_are_reported():
     f = figures_from_summary({"curve": curve, "results": results, "sft": {"steps": 225, "pool_checks": []}},
                              wall_s=1.0)
     assert f["learn.sft.steps"] == 225 and "learn.sft.pool_checks" not in f  # a fixed step count
+
+
+def test_the_replay_of_the_first_window_is_paired_and_reported():
+    from retrojax.learn.curves import replay_change, replay_note
+
+    before = [True] * 4 + [False] * 12  # the first window: 4 of 16 solved in training
+    after = [True] * 4 + [True] * 8 + [False] * 4  # the same 4 and 8 more on the same specs
+    r = replay_change(before, after)
+    assert r["first"] == 0.25 and r["replay"] == 0.75 and r["trials"] == 16
+    assert r["change"] == pytest.approx(0.5) and 0.0 < r["change_ci95"][0] < 0.5 < r["change_ci95"][1]
+    assert r["replay_ci95"][0] < 0.75 < r["replay_ci95"][1]
+    assert "excludes 0" in replay_note(r) and "+50.0 points" in replay_note(r)
+    flat = replay_change(before, list(reversed(before)))  # as many solved, other trials: no change
+    assert flat["change"] == 0.0 and "holds 0" in replay_note(flat)
+    assert replay_change([], []) is None and replay_note(None) is None
+    with pytest.raises(ValueError, match="paired"):
+        replay_change(before, after[:-1])
+
+    curve = [{"update": i + 1, "success": 0.5, "trials": 8, "wall_s": 1.0 * (i + 1)} for i in range(4)]
+    results = {"SFT": {"T@3": {"success": 0.3, "ci95": [0.2, 0.4]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.4, 0.6]}}}
+    f = figures_from_summary({"curve": curve, "results": results, "replay_first_window": r}, wall_s=1.0)
+    assert f["learn.success.replay"] == 0.75 and f["learn.success.replay_change"] == pytest.approx(0.5)
+    assert f["learn.success.replay_change.ci95_lo"] == r["change_ci95"][0]
+    assert f["learn.success.replay.ci95_hi"] == r["replay_ci95"][1]
+    without = figures_from_summary({"curve": curve, "results": results}, wall_s=1.0)
+    assert "learn.success.replay" not in without
+
+
+def test_the_held_out_difference_is_paired_by_level_and_seed():
+    curve = [{"update": i + 1, "success": 0.5, "trials": 8, "wall_s": 1.0 * (i + 1)} for i in range(4)]
+    results = {"SFT": {"T@3": {"success": 0.25, "ci95": [0.1, 0.5]}},
+               "RL": {"T@3": {"success": 0.5, "ci95": [0.3, 0.7]}}}
+    sft = [["T@3", t, s, t < 2] for t in range(4) for s in range(2)]  # levels 0-1 solved
+    rl = [["T@3", t, s, t < 4 and not (t == 3 and s == 1)] for t in range(4) for s in range(2)]
+    rl.append(["P@1", 0, 0, True])  # another protocol: not in the T@3 difference
+    f = figures_from_summary({"curve": curve, "results": results,
+                              "heldout_trials": {"SFT": sft, "RL": rl}}, wall_s=1.0)
+    assert f["learn.heldout.rl_minus_sft.T@3"] == pytest.approx(3 / 8)  # 3 more of 8 pairs, none lost
+    assert f["learn.heldout.rl_minus_sft.T@3.ci95_lo"] < 3 / 8 < f["learn.heldout.rl_minus_sft.T@3.ci95_hi"]

@@ -14,9 +14,14 @@ Figures (stable keys):
   ``learn.window_updates`` updates (pooled over their trials), with ``….ci95_lo/hi`` (Wilson); a window is
   two updates, or one pass over a larger pool (``train_tasks / tasks_per_update`` updates) so both windows
   hold the same levels;
+- ``learn.success.replay`` (+ ``.ci95_lo/hi``), ``learn.success.replay_change`` (+ ``.ci95_lo/hi``, paired):
+  the final policy replaying the first window's training trials (same levels, env seeds and replicates, a
+  sampling stream of its own) and its change over those trials' outcomes in training — the training-batch
+  change with the levels held fixed (fresh levels every update make the windows differ in levels too);
 - ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure
   (``learn.solved_groups.*`` / ``learn.failed_groups.*``: all solved / all failed — groups without a signal);
 - ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
+- ``learn.heldout.rl_minus_sft.T@3`` (+ ``.ci95_lo/hi``): RL − SFT held out, paired by level and seed;
 - ``learn.heldout.{sft,rl}.greedy.T@3`` (with ``--set eval.greedy=true``): the same with greedy decoding —
   a held-out gain that vanishes there is sharpening;
 - ``learn.expert_first_move.first`` / ``.last`` (training batch, same windows) and
@@ -99,6 +104,13 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
                 values = [float(p[key]) for p in points if p.get(key) is not None]
                 if values:
                     out[f"learn.{figure}.{name}"] = float(np.mean(values))
+    replay = summary.get("replay_first_window")
+    if replay:
+        out["learn.success.replay"] = float(replay["replay"])
+        out["learn.success.replay.ci95_lo"], out["learn.success.replay.ci95_hi"] = replay["replay_ci95"]
+        out["learn.success.replay_change"] = float(replay["change"])
+        lo, hi = replay["change_ci95"]
+        out["learn.success.replay_change.ci95_lo"], out["learn.success.replay_change.ci95_hi"] = lo, hi
     for label, key in (("SFT", "sft"), ("RL", "rl")):
         r = summary["results"][label][protocol]
         out[f"learn.heldout.{key}.{protocol}"] = float(r["success"])
@@ -110,6 +122,16 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         agree = (summary.get("heldout_expert_first_move") or {}).get(label)
         if agree is not None:
             out[f"learn.heldout.{key}.expert_first_move"] = float(agree)
+    if summary.get("heldout_trials"):  # the RL − SFT difference, paired by level and seed
+        from retrojax.bench.learn_compare import heldout_outcomes
+        from retrojax.eval.metrics import paired_difference
+
+        sft_o, rl_o = heldout_outcomes(summary, "SFT"), heldout_outcomes(summary, "RL")
+        keys = sorted(k for k in rl_o if k[0] == protocol and k in sft_o)
+        if keys:
+            name = f"learn.heldout.rl_minus_sft.{protocol}"
+            out[name], out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = paired_difference(
+                [rl_o[k] for k in keys], [sft_o[k] for k in keys])
     out["learn.curve"] = [[int(p["update"]), round(float(p["wall_s"]) / 60.0, 3), float(p["success"])]
                           for p in curve]
     return out

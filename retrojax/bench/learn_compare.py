@@ -27,7 +27,8 @@ PAIRS = (("retrail", "sft"), ("grpo", "sft"), ("sft_more", "sft"), ("retrail", "
          ("retrail", "sft_more"))
 
 
-def _trials(summary: dict[str, Any], label: str) -> dict[tuple[str, int, int], bool]:
+def heldout_outcomes(summary: dict[str, Any], label: str) -> dict[tuple[str, int, int], bool]:
+    """A demo summary's held-out outcomes of one policy (``SFT`` / ``RL``) by (protocol, level, seed)."""
     return {(p, int(t), int(s)): bool(ok) for p, t, s, ok in summary["heldout_trials"][label]}
 
 
@@ -82,8 +83,8 @@ def run_compare(base_sets: Sequence[str], out: Path, log: Callable[[str], None] 
     rl_minutes = float(retrail["curve"][-1]["wall_s"]) / 60.0 if retrail["curve"] else 0.0
     extra = max(1, math.ceil(rl_minutes * 60.0 / max(sft_s_per_step, 1e-6)))
     more, _ = run_one("sft_more", [f"model.path={policy}", f"sft.steps={extra}", "learn.updates=0"])
-    outcomes = {"sft": _trials(start, "SFT"), "retrail": _trials(retrail, "RL"), "grpo": _trials(grpo, "RL"),
-                "sft_more": _trials(more, "RL")}
+    outcomes = {"sft": heldout_outcomes(start, "SFT"), "retrail": heldout_outcomes(retrail, "RL"),
+                "grpo": heldout_outcomes(grpo, "RL"), "sft_more": heldout_outcomes(more, "RL")}
     figures = compare_figures(outcomes)
     figures.update({"compare.rl_minutes": rl_minutes, "compare.sft_more.steps": float(extra),
                     "compare.sft_s_per_step": sft_s_per_step})

@@ -63,6 +63,40 @@ def batch_success_change(curve: Sequence[dict[str, Any]], window: int = 2) -> di
             "overlap": report.intervals_overlap(first["ci95"], last["ci95"])}
 
 
+def replay_change(before: Sequence[bool], after: Sequence[bool]) -> dict[str, Any] | None:
+    """The first window's trials (``before``: their outcomes in training) against the final policy replaying
+    the same specs (``after``: same levels, env seeds and replicates, in the same order): both rates with
+    Wilson intervals and the paired difference with its 95% interval. None without trials.
+
+    Fresh levels every update make the first and last windows differ in the levels drawn as much as in the
+    policy; the replay holds the levels fixed, so its change is the policy's alone."""
+    from retrojax.eval.metrics import paired_difference, wilson
+
+    if len(before) != len(after):
+        raise ValueError(f"replay_change needs paired outcomes, got {len(before)} and {len(after)}")
+    if not before:
+        return None
+    n, wins_before, wins_after = len(before), int(sum(map(bool, before))), int(sum(map(bool, after)))
+    d, lo, hi = paired_difference(list(after), list(before))
+    return {"first": wins_before / n, "first_ci95": list(wilson(wins_before, n)),
+            "replay": wins_after / n, "replay_ci95": list(wilson(wins_after, n)),
+            "change": d, "change_ci95": [lo, hi], "trials": n}
+
+
+def replay_note(replay: dict[str, Any] | None) -> str | None:
+    """One sentence on the replay of the first window (None without one)."""
+    if replay is None:
+        return None
+    lo, hi = replay["change_ci95"]
+    support = "the interval holds 0" if lo <= 0.0 <= hi else "the interval excludes 0"
+    return (f"Replaying the first window's {replay['trials']} trials (same levels, seeds and replicates) "
+            f"with the final policy: {replay['first']:.1%} {report.fmt_ci(replay['first_ci95'])} in training "
+            f"→ {replay['replay']:.1%} {report.fmt_ci(replay['replay_ci95'])} now, paired "
+            f"{100 * replay['change']:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}]; {support}. This "
+            "change is the policy's on fixed levels; the first-vs-last windows above also differ in the "
+            "levels drawn.")
+
+
 def _updates_text(updates: Sequence[int]) -> str:
     return f"update {updates[0]}" if len(updates) == 1 else f"updates {updates[0]}-{updates[-1]}"
 
