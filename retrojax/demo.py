@@ -382,7 +382,8 @@ def run(cfg: Any) -> Path:
 
     if cfg.eval.greedy:
         greedy["RL"] = evaluate_greedy(test_env, rl_model, "RL")
-    # the first window's training trials again, by the final policy: the training-batch change, levels fixed
+    # first/last windows: one pass over the pool the trainer plays (capped to the split), 2 without one;
+    # the first window's trials are replayed by the final policy: the training-batch change with levels fixed
     lc = cfg.learn
     window = pool_window(trainer.tasks.num_tasks if lc.train_tasks is not None else None, lc.tasks_per_update)
     w = min(window, len(history) // 2)

@@ -69,7 +69,8 @@ def replay_change(before: Sequence[bool], after: Sequence[bool]) -> dict[str, An
     Wilson intervals and the paired difference with its 95% interval. None without trials.
 
     Fresh levels every update make the first and last windows differ in the levels drawn as much as in the
-    policy; the replay holds the levels fixed, so its change is the policy's alone."""
+    policy; the replay holds the levels fixed, so its change is the policy's (and the sampling noise the
+    interval carries)."""
     from retrojax.eval.metrics import paired_difference, wilson
 
     if len(before) != len(after):
