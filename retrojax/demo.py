@@ -386,9 +386,9 @@ def run(cfg: Any) -> Path:
     # the first window's trials are replayed by the final policy: the training-batch change with levels fixed
     lc = cfg.learn
     window = pool_window(trainer.tasks.num_tasks if lc.train_tasks is not None else None, lc.tasks_per_update)
-    w = min(window, len(history) // 2)
+    w = min(window, max(1, len(history) // 2))  # the first window batch_success_change compares (≥ 1 update)
     replay = None
-    if w >= 1 and len(played) >= w:
+    if history and len(played) >= w:
         stages.begin("replay first window")
         replay = replay_window(cfg, trials, train_env, rl_model, played[:w])
 

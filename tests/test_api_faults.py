@@ -99,8 +99,11 @@ class FakeServer:
 
 
 def _cfg(base_url: str, *extra: str):
+    """A tiny Sokoban config against ``base_url``; the request timeout is generous (a loaded 2-core machine
+    can delay the fake server's thread past a tight one) except where a test sets one to time a slow reply
+    out."""
     return config_lib.load("configs/sokoban_tiny.yaml", [
-        f"api.base_url={base_url}", "api.backoff_s=0.0", "api.timeout_s=0.3", "api.retries=2",
+        f"api.base_url={base_url}", "api.backoff_s=0.0", "api.timeout_s=5", "api.retries=2",
         "trial.max_calls=3", *extra])
 
 
@@ -144,8 +147,9 @@ def test_enable_thinking_is_sent_as_chat_template_kwargs():
     (["nochoices"], "malformed"), (["500"], "HTTP 500"),
 ])
 def test_a_request_that_keeps_failing_becomes_a_counted_invalid_turn(script, what):
+    timeout = ["api.timeout_s=0.3"] if what == "timeout" else []  # the slow reply takes 0.6 s
     with FakeServer(script) as fake:
-        policy, archive, delays = _run(_cfg(fake.base_url), trials=2)
+        policy, archive, delays = _run(_cfg(fake.base_url, *timeout), trials=2)
     rep = policy.report()
     calls = len(archive.calls)
     assert len(archive.trials) == 2 and all(t.end_reason for t in archive.trials)  # the batch completed
