@@ -123,15 +123,12 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         if agree is not None:
             out[f"learn.heldout.{key}.expert_first_move"] = float(agree)
     if summary.get("heldout_trials"):  # the RL − SFT difference, paired by level and seed
-        from retrojax.bench.learn_compare import heldout_outcomes
-        from retrojax.eval.metrics import paired_difference
+        from retrojax.bench.learn_compare import heldout_outcomes, paired_outcomes
 
-        sft_o, rl_o = heldout_outcomes(summary, "SFT"), heldout_outcomes(summary, "RL")
-        keys = sorted(k for k in rl_o if k[0] == protocol and k in sft_o)
-        if keys:
+        diff = paired_outcomes(heldout_outcomes(summary, "RL"), heldout_outcomes(summary, "SFT"), protocol)
+        if diff is not None:
             name = f"learn.heldout.rl_minus_sft.{protocol}"
-            out[name], out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = paired_difference(
-                [rl_o[k] for k in keys], [sft_o[k] for k in keys])
+            out[name], out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = diff
     out["learn.curve"] = [[int(p["update"]), round(float(p["wall_s"]) / 60.0, 3), float(p["success"])]
                           for p in curve]
     return out
