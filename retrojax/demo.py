@@ -386,7 +386,7 @@ def run(cfg: Any) -> Path:
     # the first window's trials are replayed by the final policy: the training-batch change with levels fixed
     lc = cfg.learn
     window = pool_window(trainer.tasks.num_tasks if lc.train_tasks is not None else None, lc.tasks_per_update)
-    w = min(window, max(1, len(history) // 2))  # the first window batch_success_change compares (≥ 1 update)
+    w = min(window, max(1, len(history) // 2))  # as batch_success_change's first window; 1 for a 1-update run
     replay = None
     if history and len(played) >= w:
         stages.begin("replay first window")

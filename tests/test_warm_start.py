@@ -11,6 +11,9 @@ from retrojax.config import load
 from retrojax.learn import sft
 from retrojax.learn.warm_start import demo_protocols, demo_task_count, run_demonstrations, special_ids
 
+# packed demonstrations of the fixture below are at most 1,695 tokens: every example fits, at half a 4096 step
+SEQ_LEN = 2048
+
 
 @pytest.fixture(scope="module")
 def demos():
@@ -99,7 +102,7 @@ def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
     from retrojax.learn.warm_start import warm_start
 
     cfg, archive, _ = demos
-    cfg = replace(cfg, sft={"steps": 8, "batch_size": 2, "seq_len": 2048, "stop_at_success": 0.25,
+    cfg = replace(cfg, sft={"steps": 8, "batch_size": 2, "seq_len": SEQ_LEN, "stop_at_success": 0.25,
                             "stop_at_levels": 1.0, "check_from": 2, "check_every": 2})
     model = _tiny_model()
     # step 2: too few trials; step 4: enough trials but one level never solved; step 6: both reached
@@ -122,7 +125,7 @@ def test_warm_start_without_a_stop_rule_runs_every_step_and_rejects_bad_rules(de
     from retrojax.learn.warm_start import warm_start
 
     cfg, archive, _ = demos
-    cfg = replace(cfg, sft={"steps": 3, "batch_size": 2, "seq_len": 2048})
+    cfg = replace(cfg, sft={"steps": 3, "batch_size": 2, "seq_len": SEQ_LEN})
     stats = warm_start(cfg, _tiny_model(), archive, ByteChatTokenizer(), progress=False,
                        play_pool=lambda: (1.0, 1.0))
     assert stats["steps"] == 3 and stats["pool_checks"] == []
@@ -154,7 +157,7 @@ def test_a_warmup_stable_decay_stop_judges_annealed_branches(demos, monkeypatch)
     import jax
 
     _, archive, _ = demos
-    examples, _ = sft.pack_calls([(c.prompt_ids, c.output_ids) for c in archive.calls], 2048, end_id=1,
+    examples, _ = sft.pack_calls([(c.prompt_ids, c.output_ids) for c in archive.calls], SEQ_LEN, end_id=1,
                                  train=[c.teach for c in archive.calls])
     rates: list[float] = []
     real_set = sft.set_learning_rate
@@ -201,7 +204,7 @@ def test_warm_start_weights_the_decisions_of_the_taught_calls(demos, monkeypatch
     real_pack = sft.pack_calls
     monkeypatch.setattr(sft, "pack_calls", pack_and_stop)
     tok = ByteChatTokenizer()
-    cfg = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": 2048, "decision_weight": 5.0})
+    cfg = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": SEQ_LEN, "decision_weight": 5.0})
     with pytest.raises(Packed):
         warm_start(cfg, _tiny_model(), archive, tok, progress=False)
     (examples, _), = packed
