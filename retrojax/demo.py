@@ -421,6 +421,9 @@ def run(cfg: Any) -> Path:
     facts["RL"] = (f"{len(history)} updates x {lc.tasks_per_update} tasks{pool} x "
                    f"{cfg.trial.trials_per_task} trials ({cfg.trial.protocol}), estimator {lc.estimator}, "
                    f"reflection reward {lc.reflection_reward}, λ_ref {lc.lambda_ref}, lr {lc.learning_rate}"
+                   + (f" after a linear warmup over {lc.warmup_steps} optimizer steps"
+                      if lc.warmup_steps else "")
+                   + f" ({lc.epochs} epochs x {lc.minibatches} minibatches per update)"
                    + (f", invalid-turn penalty {lc.invalid_penalty} (ours, not the paper's: C.2 gives δ = 0)"
                       if lc.invalid_penalty else "")
                    + (f", KL penalty to the SFT policy {lc.kl_coef} (ours: the paper names none)"

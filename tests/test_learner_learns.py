@@ -10,6 +10,7 @@ else is an invalid turn. A 16-token vocabulary (one token per action) keeps the 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 
 import jax
@@ -288,3 +289,14 @@ def test_a_warmup_keeps_the_first_update_near_its_start(recorded, tmp_path):
     assert warm["train/optimizer_steps"] == cold["train/optimizer_steps"] == 4.0
     for key in ("train/approx_kl", "train/loss_kl"):  # measured: 9x and 25x smaller
         assert warm[key] < cold[key] / 3, (key, warm[key], cold[key])
+
+
+def test_a_fresh_run_in_a_used_directory_keeps_the_old_log_apart(recorded, tmp_path):
+    """`make demo` twice writes to one directory: the second run's log starts empty and the first run's is
+    kept beside it (metrics.jsonl.1), never appended to."""
+    first, _ = _one_update(recorded, tmp_path)
+    second, _ = _one_update(recorded, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl.1").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [r["iteration"] for r in kept] == [1.0]
+    assert rows == second.history and kept == first.history
