@@ -282,7 +282,8 @@ def test_the_schedule_counts_the_optimizer_steps_taken(recorded, tmp_path):
 def test_a_warmup_keeps_the_first_update_near_its_start(recorded, tmp_path):
     """Adam's first step moves every weight by about lr·sign(g): from a fresh optimizer, one update of four
     steps drifts far from the behaviour policy (in the demo one token's log-prob fell 13 nats after the first
-    step and the KL term's gradient norm reached 3e3); a linear warmup over that update keeps it close."""
+    step and a later step's KL term had a gradient norm of 1.1e4); a linear warmup over that update keeps it
+    close."""
     learn = dict(epochs=2, minibatches=2, kl_coef=0.05, max_batch_tokens=4096)
     _, cold = _one_update(recorded, tmp_path / "cold", warmup_steps=0, **learn)
     _, warm = _one_update(recorded, tmp_path / "warm", warmup_steps=4, **learn)
