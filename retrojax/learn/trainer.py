@@ -110,15 +110,15 @@ def _k3_totals(behaviour: jax.Array, ref: jax.Array, mask: jax.Array) -> jax.Arr
     return jnp.stack([jnp.sum(jnp.where(mask, k3, 0.0)), jnp.sum(mask).astype(jnp.float32)])
 
 
-def _set_aside_old_log(path: Path) -> Path | None:
+def _set_aside_old_log(path: Path) -> None:
     """A run starting at iteration 0 in a used directory keeps the old run's log as ``metrics.jsonl.N``
     (the first free N) instead of appending to it, so one file never mixes two runs' updates."""
     if not path.exists():
-        return None
+        return
     n = 1
     while path.with_name(f"{path.name}.{n}").exists():
         n += 1
-    return path.rename(path.with_name(f"{path.name}.{n}"))
+    path.rename(path.with_name(f"{path.name}.{n}"))
 
 
 def _mean_metrics(items: list[dict[str, Any]]) -> dict[str, float]:
