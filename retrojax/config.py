@@ -209,6 +209,10 @@ class SFTConfig:
     # (1.0: every trained token alike). A reply is ~12 format tokens around one move, and under the plain
     # token mean the move was not learned off the pool (docs/benchmarks.md#learn, session 14)
     decision_weight: float = 1.0
+    # how SFT lays out a step's examples (learn.layout's values; null: learn.layout). On CPU tree beat
+    # tree_long for SFT in both measurements: fewer step programs to compile (3 vs 7 in bench update's 20
+    # steps; 5 vs 11 in the demo's 225) and less time per step (docs/benchmarks.md#learn, session 24)
+    layout: Literal["rows", "packed", "tree", "tree_long"] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -208,7 +208,7 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
     held = [examples[i] for i in order[: max(1, len(examples) // 10)]]
     train = [examples[i] for i in order[max(1, len(examples) // 10):]] or held
     buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
-    chunk, layout = cfg.learn.logprob_chunk, cfg.learn.layout
+    chunk, layout = cfg.learn.logprob_chunk, s.layout or cfg.learn.layout
     nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets,
                                   layout=layout)
     bar = None
