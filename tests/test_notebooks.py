@@ -24,7 +24,6 @@ def _kernel_manager() -> KernelManager:
     return km
 
 
-@pytest.mark.slow  # 20-50 s in make test
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path):
     nb = nbformat.read(path, as_version=4)

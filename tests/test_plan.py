@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from retrojax.cli import main as cli
 from retrojax.config import load
 from retrojax.plan import resolve_remat
@@ -21,7 +19,6 @@ mesh: {data: 1, fsdp: 1, tp: 1}
 """
 
 
-@pytest.mark.slow  # 20-50 s in make test
 def test_plan_figures_and_a_plan_that_does_not_fit(tmp_path, capsys):
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(TINY)

@@ -92,7 +92,6 @@ def _tiny_model():
     return Qwen3(PRESETS["tiny"], dtype=jnp.float32, rngs=nnx.Rngs(0))
 
 
-@pytest.mark.slow  # 20-50 s in make test
 def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
     """The SFT stop rule (ours): each check sees the current weights; the run stops at the first step whose
     pool play reaches both targets (share of trials solved, share of levels solved at least once)."""
@@ -151,7 +150,6 @@ def test_train_cli_refuses_a_stop_rule_it_cannot_measure(capsys):
     assert "need the RL pool played during SFT" in capsys.readouterr().err
 
 
-@pytest.mark.slow  # 20-50 s in make test
 def test_a_warmup_stable_decay_stop_judges_annealed_branches(demos, monkeypatch):
     """sft.check_anneal (ours): a constant rate after warmup; each check judges a branch whose rate falls to
     10% over the anneal steps; a branch judged not good is dropped and the stable run goes on from where it
