@@ -27,6 +27,9 @@ class ConfigError(ValueError):
 # Sections
 # ----------------------------------------------------------------------------------------------
 
+# how the learner (learn.layout) and SFT (sft.layout) lay sequences out in rows (retrojax.learn.layout)
+Layout = Literal["rows", "packed", "tree", "tree_long"]
+
 
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
@@ -152,7 +155,7 @@ class LearnConfig:
     # rows: one padded sequence per row | packed: sequences packed into rows | tree: packed, shared prefixes
     # laid out once as a token tree (retrojax.learn.layout), rows of the longest seq_bucket | tree_long: tree
     # in rows up to max_batch_tokens (a whole task tree per row, block-sparse attention past 4096 tokens)
-    layout: Literal["rows", "packed", "tree", "tree_long"] = "tree_long"
+    layout: Layout = "tree_long"
     # rematerialize layers in the backward pass: true | false | auto (on when the memory plan says the
     # update would not fit the device without it; retrojax.plan)
     remat: bool | str = "auto"
@@ -212,7 +215,7 @@ class SFTConfig:
     # how SFT lays out a step's examples (learn.layout's values; null: learn.layout). On CPU tree beat
     # tree_long for SFT in both measurements: fewer step programs to compile (3 vs 7 in bench update's 20
     # steps; 5 vs 11 in the demo's 225) and less time per step (docs/benchmarks.md#learn, session 24)
-    layout: Literal["rows", "packed", "tree", "tree_long"] | None = None
+    layout: Layout | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,6 +326,12 @@ class Config:
 
 
 def _type_name(tp: Any) -> str:
+    """An annotation as an error message names it: ``int | null``, ``one of rows | tree``."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + " | ".join(map(str, typing.get_args(tp)))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
