@@ -35,12 +35,12 @@ def archive():
     from retrojax.agent.runner import Runner, make_specs
 
     # the demo's board notes off: the layout arithmetic does not depend on them and the archive stays the size
-    # the suite's time was measured with
+    # the suite's time was measured with; two trials per level (three cost the suite ~35 s more)
     cfg = config.load("configs/demo.yaml", ["trial.prompt_style=compact", "trial.max_calls=6",
                                             "env.board_notes=false"])
     env = make_env(cfg, f"{cfg.env.split}:train")
     try:
-        arch = Runner(cfg, env, OraclePolicy(0.5)).run(make_specs(range(2), [3], 3, ["T@3"]))
+        arch = Runner(cfg, env, OraclePolicy(0.5)).run(make_specs(range(2), [3], 2, ["T@3"]))
     finally:
         env.close()
     rng = np.random.default_rng(0)
@@ -111,8 +111,8 @@ def test_packed_and_tree_steps_equal_rows(archive, rows_step, minibatches, layou
                 np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(want_params), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
-        if layout == "tree":  # the shared prompts are laid out once
-            share = 0.5 if minibatches == 1 else 0.75  # (a minibatch of half the trials shares less)
+        if layout == "tree":  # the shared prompts are laid out once (two trials per state: 0.58 / 0.67 here)
+            share = 0.6 if minibatches == 1 else 0.7  # (a minibatch of half the trials shares less)
             assert plan.stats["batch/padded_tokens"] < share * rows_plan.stats["batch/padded_tokens"]
 
 
