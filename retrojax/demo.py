@@ -257,6 +257,24 @@ def attempts_curve(archive: Archive, protocol: str) -> list[float] | None:
 # ---------------------------------------------------------------------------------------------------
 
 
+def check_config(cfg: Any) -> None:
+    """Raise ``ValueError`` naming every ``env``, ``learn`` and ``sft`` setting the run could not use, before
+    any stage starts (a bad value would otherwise surface after minutes of demonstrations and SFT)."""
+    from retrojax.agent.env_api import check_env_config
+    from retrojax.learn.trainer import validate_learn_config
+    from retrojax.learn.warm_start import validate_sft_config
+
+    problems = []
+    for check, section in ((check_env_config, cfg), (validate_learn_config, cfg.learn),
+                           (validate_sft_config, cfg.sft)):
+        try:
+            check(section)
+        except ValueError as e:
+            problems.append(str(e))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def run(cfg: Any) -> Path:
     """Run every stage; returns the report's path."""
     from retrojax import config
@@ -267,6 +285,7 @@ def run(cfg: Any) -> Path:
     from retrojax.model import count_params
     from retrojax.model.tokenizer import train_sentencepiece
 
+    check_config(cfg)
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages()
@@ -500,7 +519,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         cfg = load(args.config, args.overrides)
-    except ConfigError as e:
+        check_config(cfg)
+    except (ConfigError, ValueError) as e:
         print(f"error: {e}")
         return 2
     t0 = time.perf_counter()

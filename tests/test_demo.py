@@ -32,6 +32,32 @@ def test_demo_rejects_a_bad_override(capsys):
     assert "sft.steps" in capsys.readouterr().out
 
 
+def test_commands_refuse_settings_they_cannot_use_before_any_stage(monkeypatch, capsys):
+    """A bad learn / sft / env value is named (all of them at once) with exit code 2 before demonstrations,
+    SFT or RL start: before, `learn.epochs=0` surfaced after minutes of SFT and `env.num_tasks=0` crashed."""
+    from retrojax import demo
+    from retrojax.learn import cli as train_cli
+
+    def no_stage(*args, **kwargs):
+        raise AssertionError("a stage started")
+
+    monkeypatch.setattr(demo, "run", no_stage)
+    monkeypatch.setattr(train_cli, "build_model", no_stage)
+    bad = ["learn.epochs=0", "sft.batch_size=-2", "sft.seq_len=1", "sft.oracle_epsilon=2", "env.num_tasks=0"]
+    assert cli.main(["demo", *[a for s in bad[:4] for a in ("--set", s)]]) == 2
+    out = capsys.readouterr().out
+    assert all(f"{s.split('=')[0]} must" in out for s in bad[:4])
+    assert cli.main(["demo", "--set", bad[4]]) == 2 and "env.num_tasks" in capsys.readouterr().out
+    assert cli.main(["bench", "learn", "--set", "learn.updates=0"]) == 2
+    assert "learn.updates must be ≥ 1" in capsys.readouterr().err
+    assert cli.main(["bench", "learn", "--compare", "--set", "learn.minibatches=0"]) == 2
+    assert "learn.minibatches" in capsys.readouterr().err
+    train = ["train", "--config", "configs/sokoban_tiny.yaml", "--set", "sft.seq_len=0"]
+    assert cli.main(train) == 2 and "sft.seq_len" in capsys.readouterr().err
+    assert cli.main([*train[:3], "--set", "env.num_tasks=0"]) == 2
+    assert "env.num_tasks" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     out = tmp_path / "demo"

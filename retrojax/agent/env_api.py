@@ -267,18 +267,27 @@ def registered_envs() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def make_env(cfg: Any, split: str | None = None) -> TrialEnv:
-    """The world named by ``cfg.env.name`` over ``split`` (``NAME:train|test``; default: the config's).
-
-    Raises ``ValueError`` for an unknown world name.
-    """
+def check_env_config(cfg: Any) -> None:
+    """Raise ``ValueError`` for an unknown world name, an empty task selection or an observation option the
+    world does not have (cheap: commands call it before their first stage)."""
     name = cfg.env.name
     if name not in _FACTORIES:
         raise ValueError(f"unknown environment {name!r}; registered: {', '.join(registered_envs())}")
+    if cfg.env.num_tasks is not None and cfg.env.num_tasks < 1:
+        raise ValueError(f"env.num_tasks must be ≥ 1 (null: every task of the split), "
+                         f"got {cfg.env.num_tasks}")
     for option in ("board_notes", "push_notes"):
         if getattr(cfg.env, option, False) and name != "sokoban":
             raise ValueError(f"env.{option} is a Sokoban observation option; {name!r} has none")
-    factory = _FACTORIES[name]
+
+
+def make_env(cfg: Any, split: str | None = None) -> TrialEnv:
+    """The world named by ``cfg.env.name`` over ``split`` (``NAME:train|test``; default: the config's).
+
+    Raises ``ValueError`` for a setting ``check_env_config`` refuses.
+    """
+    check_env_config(cfg)
+    factory = _FACTORIES[cfg.env.name]
     if isinstance(factory, str):
         module, func = factory.split(":")
         factory = getattr(importlib.import_module(module), func)

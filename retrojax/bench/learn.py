@@ -134,6 +134,17 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
     return out
 
 
+def require_updates(cfg: Any) -> None:
+    """The bench measures RL: refuse a run without updates (an SFT-only run is ``retrojax demo --set
+    learn.updates=0``) and any setting the demo would refuse, before the first stage."""
+    from retrojax import demo
+    from retrojax.config import ConfigError
+
+    if cfg.learn.updates < 1:
+        raise ConfigError(f"learn.updates must be ≥ 1 for the bench, got {cfg.learn.updates}")
+    demo.check_config(cfg)
+
+
 def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/demo.yaml",
         overrides: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
     """Run the sized demo stack and return the figures."""
@@ -143,6 +154,7 @@ def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="retrojax-bench-learn-"))
     sets = [*BENCH, UPDATES, *(QUICK if quick else []), *overrides, f"run.out_dir={out}"]
     cfg = config_lib.load(config, sets)
+    require_updates(cfg)
     log(f"[bench learn] {cfg.learn.updates} updates x {cfg.learn.tasks_per_update} tasks x "
         f"{cfg.trial.trials_per_task} trials on {cfg.env.split}; output in {out}")
     t0 = time.perf_counter()

@@ -70,7 +70,9 @@ def run_compare(base_sets: Sequence[str], out: Path, log: Callable[[str], None] 
     """The start, the three arms and the figures (see the module docstring)."""
     from retrojax import config as config_lib
     from retrojax import demo
+    from retrojax.bench.learn import require_updates
 
+    require_updates(config_lib.load(config, list(base_sets)))
     evals = f"eval.protocols=[{','.join(PROTOCOLS)}]"
 
     def run_one(name: str, sets: Sequence[str]) -> tuple[dict[str, Any], float]:

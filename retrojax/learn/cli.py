@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from retrojax.agent.env_api import check_env_config
 from retrojax.learn.pool import BadPool
 from retrojax.learn.trainer import Trainer, validate_learn_config
 from retrojax.model.build import build_model, build_tokenizer
@@ -55,13 +56,16 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         cfg = load(args.config, args.overrides)
+        check_env_config(cfg)
         validate_learn_config(cfg.learn)
-        if cfg.sft.warm_start and cfg.sft.steps < 1:
-            raise ValueError(f"sft.warm_start needs sft.steps >= 1, got {cfg.sft.steps}")
-        if cfg.sft.warm_start and (cfg.sft.stop_at_success is not None or cfg.sft.stop_at_levels is not None):
-            from retrojax.learn.warm_start import stop_checks
+        if cfg.sft.warm_start:
+            from retrojax.learn.warm_start import stop_checks, validate_sft_config
 
-            stop_checks(cfg, None)  # raises: `retrojax train` plays no pool during SFT
+            validate_sft_config(cfg.sft)
+            if cfg.sft.steps < 1:
+                raise ValueError(f"sft.warm_start needs sft.steps >= 1, got {cfg.sft.steps}")
+            if cfg.sft.stop_at_success is not None or cfg.sft.stop_at_levels is not None:
+                stop_checks(cfg, None)  # raises: `retrojax train` plays no pool during SFT
     except (ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

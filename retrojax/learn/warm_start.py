@@ -152,21 +152,38 @@ def stop_checks(cfg: Any, play_pool: Callable[[], tuple[float, float]] | None) -
 
     Raises ``ValueError`` for a stop rule the caller cannot measure or a malformed one."""
     s = cfg.sft
+    validate_sft_config(s)
     if s.stop_at_success is None and s.stop_at_levels is None:
         return range(0)
     if play_pool is None:
         raise ValueError("sft.stop_at_success / sft.stop_at_levels need the RL pool played during SFT; only "
                          "`retrojax demo` and `retrojax bench learn` do that (set both to null here)")
+    return range(s.check_from, s.steps, s.check_every)
+
+
+def validate_sft_config(s: Any) -> None:
+    """Reject ``sft`` settings the warm start cannot run with, all at once, before demonstrations are played
+    (the commands call it first, so a typo costs seconds, not an SFT run)."""
+    problems = []
+    at_least = {"steps": 0, "batch_size": 1, "seq_len": 2, "warmup_steps": 0, "num_solver_episodes": 0,
+                "num_recovery_episodes": 0, "check_anneal": 0, "check_every": 1, "check_from": 1}
+    for name, low in at_least.items():
+        if getattr(s, name) < low:
+            problems.append(f"sft.{name} must be ≥ {low}, got {getattr(s, name)}")
+    if s.demo_tasks is not None and s.demo_tasks < 1:
+        problems.append(f"sft.demo_tasks must be ≥ 1 (null: the RL pool), got {s.demo_tasks}")
+    if not (math.isfinite(s.learning_rate) and s.learning_rate > 0):
+        problems.append(f"sft.learning_rate must be a positive number, got {s.learning_rate}")
+    if not (math.isfinite(s.decision_weight) and s.decision_weight > 0):
+        problems.append(f"sft.decision_weight must be a positive number, got {s.decision_weight}")
+    if not 0.0 <= s.oracle_epsilon <= 1.0:
+        problems.append(f"sft.oracle_epsilon must be in [0, 1], got {s.oracle_epsilon}")
     for name in ("stop_at_success", "stop_at_levels"):
         value = getattr(s, name)
         if value is not None and not 0.0 < float(value) <= 1.0:
-            raise ValueError(f"sft.{name} must be in (0, 1], got {value}")
-    if s.check_anneal < 0:
-        raise ValueError(f"sft.check_anneal must be >= 0, got {s.check_anneal}")
-    if s.check_every < 1 or s.check_from < 1:
-        raise ValueError(f"sft.check_every and sft.check_from must be >= 1, got {s.check_every} and "
-                         f"{s.check_from}")
-    return range(s.check_from, s.steps, s.check_every)
+            problems.append(f"sft.{name} must be in (0, 1], got {value}")
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progress: bool = True,
@@ -191,8 +208,6 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
               f"{levels:.0%} of its levels at least once", flush=True)
         return success >= (s.stop_at_success or 0.0) and levels >= (s.stop_at_levels or 0.0)
 
-    if not (math.isfinite(s.decision_weight) and s.decision_weight > 0):
-        raise ValueError(f"sft.decision_weight must be a positive number, got {s.decision_weight}")
     end_id, pad = special_ids(tokenizer)
     calls = [(c.prompt_ids, c.output_ids) for c in archive.calls]
     teach = [bool(c.teach) for c in archive.calls]
