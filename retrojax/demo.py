@@ -258,19 +258,24 @@ def attempts_curve(archive: Archive, protocol: str) -> list[float] | None:
 
 
 def check_config(cfg: Any) -> None:
-    """Raise ``ValueError`` naming every ``env``, ``learn`` and ``sft`` setting the run could not use, before
-    any stage starts (a bad value would otherwise surface after minutes of demonstrations and SFT)."""
+    """Raise ``ValueError`` naming every ``env``, ``trial``, ``learn``, ``sft`` and ``eval`` setting the run
+    could not use, before any stage starts (a bad value would otherwise surface after minutes of
+    demonstrations and SFT)."""
     from retrojax.agent.env_api import check_env_config
+    from retrojax.agent.trial import Limits
     from retrojax.learn.trainer import validate_learn_config
     from retrojax.learn.warm_start import validate_sft_config
 
     problems = []
-    for check, section in ((check_env_config, cfg), (validate_learn_config, cfg.learn),
-                           (validate_sft_config, cfg.sft)):
+    for check, section in ((check_env_config, cfg), (Limits.from_config, cfg),
+                           (validate_learn_config, cfg.learn), (validate_sft_config, cfg.sft)):
         try:
             check(section)
         except ValueError as e:
             problems.append(str(e))
+    if cfg.eval.seeds < 1 or (cfg.eval.num_tasks is not None and cfg.eval.num_tasks < 1):
+        problems.append(f"eval.seeds and eval.num_tasks must be ≥ 1 (num_tasks null: every test level), got "
+                        f"{cfg.eval.seeds} and {cfg.eval.num_tasks}")
     if problems:
         raise ValueError("; ".join(problems))
 

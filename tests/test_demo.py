@@ -48,6 +48,10 @@ def test_commands_refuse_settings_they_cannot_use_before_any_stage(monkeypatch, 
     out = capsys.readouterr().out
     assert all(f"{s.split('=')[0]} must" in out for s in bad[:4])
     assert cli.main(["demo", "--set", bad[4]]) == 2 and "env.num_tasks" in capsys.readouterr().out
+    more = ["eval.seeds=0", "trial.history_events=-1", "sampler.max_new_tokens=0"]
+    assert cli.main(["demo", *[a for s in more for a in ("--set", s)]]) == 2
+    out = capsys.readouterr().out
+    assert all(s.split("=")[0] in out for s in more)
     assert cli.main(["bench", "learn", "--set", "learn.updates=0"]) == 2
     assert "learn.updates must be ≥ 1" in capsys.readouterr().err
     assert cli.main(["bench", "learn", "--compare", "--set", "learn.minibatches=0"]) == 2

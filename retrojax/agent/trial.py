@@ -238,6 +238,16 @@ class Limits:
             raise ValueError(f"trial.fallback must be 'latest' or 'end', got {t.fallback!r}")
         if t.max_calls < 1 or t.branch_budget < 1:
             raise ValueError("trial.max_calls and trial.branch_budget must be at least 1")
+        at_least = {"trial.max_model_rewinds": (t.max_model_rewinds, 0),
+                    "trial.min_calls_for_recovery": (t.min_calls_for_recovery, 0),
+                    "trial.history_events": (t.history_events, 0),
+                    "trial.remark_max_chars": (t.remark_max_chars, 0),
+                    "sampler.max_new_tokens": (s.max_new_tokens, 1),
+                    "sampler.max_reflection_tokens": (s.max_reflection_tokens, 1)}
+        low = [f"{name} must be at least {floor}, got {value}" for name, (value, floor) in at_least.items()
+               if value < floor]
+        if low:
+            raise ValueError("; ".join(low))
         p1_cap, seg_cap = int(getattr(t, "p1_max_turns", 0) or 0), int(getattr(t, "max_segments", 0) or 0)
         if p1_cap < 0 or seg_cap < 0:
             raise ValueError("trial.p1_max_turns and trial.max_segments must be 0 (off) or positive")
