@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from retrojax.agent.env_api import check_env_config
+from retrojax.agent.trial import Limits
 from retrojax.learn.pool import BadPool
 from retrojax.learn.trainer import Trainer, validate_learn_config
 from retrojax.model.build import build_model, build_tokenizer
@@ -57,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cfg = load(args.config, args.overrides)
         check_env_config(cfg)
+        Limits.from_config(cfg)  # the trial's budgets and reply sizes
         validate_learn_config(cfg.learn)
         if cfg.sft.warm_start:
             from retrojax.learn.warm_start import stop_checks, validate_sft_config
