@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -526,13 +527,13 @@ def main(args: argparse.Namespace) -> int:
         cfg = load(args.config, args.overrides)
         check_config(cfg)
     except (ConfigError, ValueError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     try:
         path = run(cfg)
     except BadPool as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"[demo] done in {time.perf_counter() - t0:.0f}s")
     print(f"[demo] report: {path}")

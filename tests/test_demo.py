@@ -29,7 +29,7 @@ def test_demo_config_loads_and_sizes_its_batches_alike():
 
 def test_demo_rejects_a_bad_override(capsys):
     assert cli.main(["demo", "--set", "sft.steps=many"]) == 2
-    assert "sft.steps" in capsys.readouterr().out
+    assert "sft.steps" in capsys.readouterr().err
 
 
 def test_commands_refuse_settings_they_cannot_use_before_any_stage(monkeypatch, capsys):
@@ -45,12 +45,12 @@ def test_commands_refuse_settings_they_cannot_use_before_any_stage(monkeypatch, 
     monkeypatch.setattr(train_cli, "build_model", no_stage)
     bad = ["learn.epochs=0", "sft.batch_size=-2", "sft.seq_len=1", "sft.oracle_epsilon=2", "env.num_tasks=0"]
     assert cli.main(["demo", *[a for s in bad[:4] for a in ("--set", s)]]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert all(f"{s.split('=')[0]} must" in out for s in bad[:4])
-    assert cli.main(["demo", "--set", bad[4]]) == 2 and "env.num_tasks" in capsys.readouterr().out
+    assert cli.main(["demo", "--set", bad[4]]) == 2 and "env.num_tasks" in capsys.readouterr().err
     more = ["eval.seeds=0", "trial.history_events=-1", "sampler.max_new_tokens=0"]
     assert cli.main(["demo", *[a for s in more for a in ("--set", s)]]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert all(s.split("=")[0] in out for s in more)
     assert cli.main(["bench", "learn", "--set", "learn.updates=0"]) == 2
     assert "learn.updates must be ≥ 1" in capsys.readouterr().err

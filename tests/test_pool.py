@@ -73,6 +73,6 @@ def test_demo_refuses_a_pool_no_level_meets_before_any_work(tmp_path, capsys):
     args = argparse.Namespace(config="configs/demo.yaml",
                               overrides=["learn.pool_lengths=[20, 30]", f"run.out_dir={tmp_path}"])
     assert demo.main(args) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "selects no training level" in out and "[2, 3, 4" in out
     assert not (tmp_path / "demonstrations.jsonl").exists()  # refused at the levels stage
