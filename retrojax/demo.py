@@ -457,12 +457,13 @@ def run(cfg: Any) -> Path:
                       if lc.rewind_return != "segment" else ""))
     facts["budgets"] = (f"{cfg.trial.max_calls} calls per trial, branch budget {cfg.trial.branch_budget}, "
                         f"{cfg.trial.prompt_style} prompts, temperature {cfg.sampler.temperature}")
-    notes = closing_notes(results, history, cfg, window=window, replay=replay)
+    paired = heldout_pairs(sft_archive, rl_archive, cfg.eval.protocols)
+    notes = closing_notes(results, history, cfg, window=window, replay=replay, paired=paired)
     stages.end()
     path = report.write_report(
         out, title="retrojax demo: a small Qwen3 agent learns Sokoban with ReTRAIL", results=results,
         curve=curve, attempts=attempts, facts=facts, stages=stages.times,
-        comparisons=[("SFT", "RL", p) for p in cfg.eval.protocols], notes=notes)
+        comparisons=[("SFT", "RL", p) for p in cfg.eval.protocols], notes=notes, paired=paired)
     if curve:
         with path.open("a") as f:
             f.write("\n## Per-update diagnostics\n\nMean advantage (A) by decision kind over the update's "
@@ -485,10 +486,24 @@ def run(cfg: Any) -> Path:
     return path
 
 
+def heldout_pairs(sft: Archive, rl: Archive, protocols: Sequence[str]) -> dict[tuple[str, str, str], Any]:
+    """RL − SFT per protocol over the held-out trials both played (same level, seed and protocol), with
+    95% intervals: the comparison the report's held-out sentences judge by."""
+    from retrojax.eval.metrics import paired_outcomes
+
+    def outcomes(archive: Archive) -> dict[tuple[str, int, int], bool]:
+        return {(t.protocol, int(t.task), int(t.seed)): bool(t.success) for t in archive.trials}
+
+    pairs = {("SFT", "RL", p): paired_outcomes(outcomes(rl), outcomes(sft), p) for p in protocols}
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
 def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg: Any,
-                  window: int = 2, replay: dict[str, Any] | None = None) -> list[str]:
+                  window: int = 2, replay: dict[str, Any] | None = None,
+                  paired: dict[tuple[str, str, str], Any] | None = None) -> list[str]:
     """What the numbers say, without spin (``window``: updates per first/last training-batch window;
-    ``replay``: the final policy on the first window's trials, :func:`replay_window`)."""
+    ``replay``: the final policy on the first window's trials, :func:`replay_window`; ``paired``: the
+    held-out RL − SFT differences of :func:`heldout_pairs`)."""
     notes = []
     if history:
         notes.append(batch_success_note(batch_success_change(learning_curve(history), window=window)))
@@ -496,7 +511,8 @@ def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg:
         notes.append(replay_note(replay))
     for p in cfg.eval.protocols:
         if p in results.get("SFT", {}) and p in results.get("RL", {}):
-            notes.append("Held-out: " + report.compare_sentence(results, "SFT", "RL", p))
+            notes.append("Held-out: " + report.compare_sentence(results, "SFT", "RL", p,
+                                                                 paired=(paired or {}).get(("SFT", "RL", p))))
     main_proto = cfg.trial.protocol if cfg.trial.protocol in results["RL"] else cfg.eval.protocols[-1]
     sft_s = results["SFT"][main_proto]["success"]
     rl_s = results["RL"][main_proto]["success"]

@@ -100,3 +100,31 @@ def test_demo_notes_say_whether_training_batch_success_rose_with_intervals():
     assert notes[0].startswith("Training-batch success rose")
     held = [n for n in notes if n.startswith("Held-out: ")]
     assert len(held) == 2 and "T@3" in held[1] and "do not overlap" in held[1]
+
+
+def test_a_paired_comparison_is_judged_by_its_paired_interval(tmp_path):
+    """Held-out SFT and RL play the same levels and seeds: the report judges RL − SFT by the paired interval
+    (session 25's bench: separate intervals overlapped while the paired one was [+5.4, +16.5])."""
+    from retrojax import demo
+    from retrojax.agent.archive import Archive, TrialRecord
+
+    def archive(wins: list[bool]) -> Archive:
+        return Archive(trials=[TrialRecord(trial=i, task=i % 8, seed=i // 8, protocol="T@1", success=ok)
+                               for i, ok in enumerate(wins)])
+
+    sft = [i % 4 == 0 for i in range(64)]  # 16 of 64
+    rl = [ok or i % 8 == 1 for i, ok in enumerate(sft)]  # the same wins and 8 more: +12.5 pts on every pair
+    pairs = demo.heldout_pairs(archive(sft), archive(rl), ["T@1", "T@3"])
+    assert list(pairs) == [("SFT", "RL", "T@1")]  # no T@3 trials: no pair
+    mean, lo, hi = pairs[("SFT", "RL", "T@1")]
+    assert mean == pytest.approx(0.125) and 0 < lo < mean < hi
+    overlapping = {"SFT": {"T@1": {"success": 0.25, "ci95": [0.16, 0.37]}},
+                   "RL": {"T@1": {"success": 0.375, "ci95": [0.27, 0.50]}}}
+    assert "not statistically supported" in report.compare_sentence(overlapping, "SFT", "RL", "T@1")
+    sentence = report.compare_sentence(overlapping, "SFT", "RL", "T@1", paired=pairs[("SFT", "RL", "T@1")])
+    assert "paired by level and seed, +12.5 pts" in sentence and "excludes 0" in sentence
+    noisy = report.compare_sentence(overlapping, "SFT", "RL", "T@1", paired=(0.05, -0.02, 0.12))
+    assert "includes 0" in noisy and "not statistically supported" in noisy
+    path = report.write_report(tmp_path, title="t", results=overlapping, comparisons=[("SFT", "RL", "T@1")],
+                               paired=pairs)
+    assert "excludes 0" in path.read_text()

@@ -123,7 +123,8 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         if agree is not None:
             out[f"learn.heldout.{key}.expert_first_move"] = float(agree)
     if summary.get("heldout_trials"):  # the RL − SFT difference, paired by level and seed
-        from retrojax.bench.learn_compare import heldout_outcomes, paired_outcomes
+        from retrojax.bench.learn_compare import heldout_outcomes
+        from retrojax.eval.metrics import paired_outcomes
 
         diff = paired_outcomes(heldout_outcomes(summary, "RL"), heldout_outcomes(summary, "SFT"), protocol)
         if diff is not None:

@@ -32,19 +32,9 @@ def heldout_outcomes(summary: dict[str, Any], label: str) -> dict[tuple[str, int
     return {(p, int(t), int(s)): bool(ok) for p, t, s, ok in summary["heldout_trials"][label]}
 
 
-def paired_outcomes(a: dict[tuple[str, int, int], bool], b: dict[tuple[str, int, int], bool],
-                    protocol: str) -> tuple[float, float, float] | None:
-    """Mean of ``a − b`` over the (protocol, level, seed) trials both policies played under ``protocol``, with
-    its 95% interval; None when they share none."""
-    from retrojax.eval.metrics import paired_difference
-
-    keys = sorted(k for k in a if k[0] == protocol and k in b)
-    return paired_difference([a[k] for k in keys], [b[k] for k in keys]) if keys else None
-
-
 def compare_figures(outcomes: dict[str, dict[tuple[str, int, int], bool]]) -> dict[str, Any]:
     """Held-out success per arm and protocol (Wilson intervals) and paired differences between arms."""
-    from retrojax.eval.metrics import wilson
+    from retrojax.eval.metrics import paired_outcomes, wilson
 
     out: dict[str, Any] = {}
     for arm, trials in outcomes.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from retrojax.agent.archive import TrialRecord
@@ -115,6 +115,14 @@ def summarize(trials: Iterable[TrialRecord]) -> dict[str, Any]:
     if "T@1" in results and "T@3" in results:
         out["delta_ref"] = results["T@3"]["success"] - results["T@1"]["success"]
     return out
+
+
+def paired_outcomes(a: Mapping[tuple[str, int, int], bool], b: Mapping[tuple[str, int, int], bool],
+                    protocol: str) -> tuple[float, float, float] | None:
+    """Mean of ``a − b`` over the (protocol, level, seed) trials both policies played under ``protocol``, with
+    its 95% interval; None when they share none."""
+    keys = sorted(k for k in a if k[0] == protocol and k in b)
+    return paired_difference([a[k] for k in keys], [b[k] for k in keys]) if keys else None
 
 
 def paired_difference(a: Sequence[bool], b: Sequence[bool], z: float = Z95) -> tuple[float, float, float]:

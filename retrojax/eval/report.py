@@ -111,8 +111,13 @@ def intervals_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
     return not (a[1] < b[0] or b[1] < a[0])
 
 
-def compare_sentence(results: Results, before: str, after: str, protocol: str) -> str:
-    """One honest sentence comparing two policies on one protocol."""
+def compare_sentence(results: Results, before: str, after: str, protocol: str,
+                     paired: Sequence[float] | None = None) -> str:
+    """One honest sentence comparing two policies on one protocol.
+
+    ``paired``: (mean, lo, hi) of ``after − before`` over the trials both played on the same levels and seeds
+    (``eval.metrics.paired_outcomes``). When given, its interval decides: two policies scored on the same
+    trials differ with less noise than their separate intervals suggest."""
     try:
         ra, rb = results[before][protocol], results[after][protocol]
     except KeyError:
@@ -121,7 +126,12 @@ def compare_sentence(results: Results, before: str, after: str, protocol: str) -
     diff = sb - sa
     verdict = "improved on" if diff > 0 else ("matched" if diff == 0 else "did worse than")
     ci_a, ci_b = ra.get("ci95"), rb.get("ci95")
-    if ci_a and ci_b:
+    if paired is not None:
+        mean, lo, hi = (100 * float(x) for x in paired)
+        support = (f"paired by level and seed, {mean:+.1f} pts [{lo:+.1f}, {hi:+.1f}]: "
+                   + ("an interval that excludes 0" if lo > 0 or hi < 0 else
+                      "the interval includes 0, so this difference is not statistically supported"))
+    elif ci_a and ci_b:
         support = ("the 95% intervals overlap, so this difference is not statistically supported"
                    if intervals_overlap(ci_a, ci_b) else "the 95% intervals do not overlap")
     else:
@@ -227,10 +237,12 @@ def write_report(out_dir: str | Path, *, title: str, results: Results,
                  curve: Sequence[Mapping[str, Any]] = (),
                  attempts: Mapping[str, Sequence[float]] | None = None,
                  facts: Mapping[str, Any] | None = None, stages: Sequence[tuple[str, float]] = (),
-                 comparisons: Sequence[tuple[str, str, str]] = (), notes: Sequence[str] = ()) -> Path:
+                 comparisons: Sequence[tuple[str, str, str]] = (), notes: Sequence[str] = (),
+                 paired: Mapping[tuple[str, str, str], Sequence[float]] | None = None) -> Path:
     """Write ``report.md`` and its plots into ``out_dir``; returns the report's path.
 
-    ``comparisons``: (before, after, protocol) triples, each turned into one sentence with its verdict.
+    ``comparisons``: (before, after, protocol) triples, each turned into one sentence with its verdict
+    (``paired``: their paired differences where the two policies played the same trials).
     ``facts``: key/value lines (model size, data, budgets). ``stages``: (name, seconds) wall times.
     """
     if not results:
@@ -249,7 +261,8 @@ def write_report(out_dir: str | Path, *, title: str, results: Results,
         md += ["## Setup", ""] + [f"- **{k}**: {v}" for k, v in facts.items()] + [""]
     md += ["## Results on the held-out split", "", results_table(results), "", deltas_table(results), ""]
     if comparisons:
-        md += [f"- {compare_sentence(results, *c)}" for c in comparisons] + [""]
+        md += [f"- {compare_sentence(results, *c, paired=(paired or {}).get(tuple(c)))}"
+               for c in comparisons] + [""]
     md += ["![success by protocol](success_by_protocol.png)", ""]
     md += ["## RL learning curve", ""]
     if curve:
