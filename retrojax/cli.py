@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "learn":
             p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                            help="override a field of configs/demo.yaml (repeatable)")
+            p.add_argument("--recipe", choices=("pool", "transfer"), default="pool",
+                           help="pool (default): RL on the demo's 4 training rooms; transfer: RL on all "
+                                "training rooms from a start that reads unseen ones, 128 rooms held out")
             p.add_argument("--compare", action="store_true",
                            help="ReTRAIL vs forward-only GRPO vs more SFT from one SFT start (held-out "
                                 "P@1/T@1/T@3 with paired differences)")

@@ -30,6 +30,30 @@ def test_bench_learn_is_a_bench_target(capsys):
     assert "--json" in out and "--quick" in out and "--set" in out and "--compare" in out
 
 
+def test_recipes_name_whole_configs_and_the_users_sets_still_win():
+    from retrojax import config as config_lib
+    from retrojax.bench.learn import RECIPES, recipe_sets
+
+    pool = config_lib.load("configs/demo.yaml", recipe_sets("pool"))
+    assert pool.learn.train_tasks == 4 and pool.learn.updates == 30 and pool.eval.num_tasks == 32
+    transfer = config_lib.load("configs/demo.yaml", recipe_sets("transfer"))
+    assert transfer.learn.train_tasks is None and transfer.sft.demo_tasks == 256
+    assert transfer.env.push_notes and transfer.eval.num_tasks == 128 and transfer.eval.seeds == 2
+    assert transfer.learn.updates == 50
+    mine = config_lib.load("configs/demo.yaml", [*recipe_sets("transfer"), "learn.updates=7"])
+    assert mine.learn.updates == 7
+    with pytest.raises(ValueError, match="unknown recipe 'nope'; known: pool, transfer"):
+        recipe_sets("nope")
+    parser = cli.build_parser()
+    assert parser.parse_args(["bench", "learn", "--recipe", "transfer"]).recipe == "transfer"
+    assert parser.parse_args(["bench", "learn"]).recipe == "pool"
+    for name in RECIPES:  # the CLI offers every recipe the bench knows
+        assert parser.parse_args(["bench", "learn", "--recipe", name]).recipe == name
+    with pytest.raises(SystemExit) as e:
+        parser.parse_args(["bench", "learn", "--recipe", "nope"])
+    assert e.value.code == 2
+
+
 def test_mixed_groups_are_reported_for_the_first_and_last_windows():
     curve = [{"update": i + 1, "success": 0.5, "trials": 32, "wall_s": 60.0 * (i + 1),
               "diag/mixed_groups": m, "diag/solved_groups": (1 - m) / 2, "diag/failed_groups": (1 - m) / 2}

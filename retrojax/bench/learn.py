@@ -40,6 +40,10 @@ Every size is the demo's (``configs/demo.yaml`` says why each is ours and how it
 ``learn.updates`` (30 here, 10 per arm with ``--compare``) and the held-out set (32 levels, T@3 only). The
 RL pool is the first 4 training levels (``learn.train_tasks``), so the first and last windows measure the
 policy on the same levels.
+``--recipe transfer`` asks the other question: does RL carry to unseen rooms? Its start reads the board
+(push notes, expert decisions weighted 13x, demonstrations on all 256 training rooms), RL draws fresh training
+rooms every update (so the two windows hold different levels: ``learn.success.replay_change`` is the paired
+training figure) and all 128 test rooms are held out over two seeds, paired (``RECIPES`` lists its sets).
 ``--set learn.invalid_penalty=0`` runs the paper's rule for invalid turns (the demo's −1.0 is ours).
 ``--compare`` runs ReTRAIL vs forward-only GRPO vs more SFT from one SFT start
 (:mod:`retrojax.bench.learn_compare`).
@@ -64,6 +68,19 @@ BENCH = ["eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1"]
 # 30 updates: 745-898 s on the idle 2-core machine (under the 20-minute budget); --compare runs three arms, so
 # it keeps 10 per arm
 UPDATES, COMPARE_UPDATES = "learn.updates=30", "learn.updates=10"
+# Named recipes: sets laid over BENCH and UPDATES (a user's --set still wins). "pool" is the default above: RL
+# on the demo's 4 training rooms, where the windows measure learning on the levels played. "transfer": a start
+# that reads unseen rooms (push notes, expert decisions weighted 13x, demonstrations on all 256 training rooms),
+# RL on fresh training rooms every update and all 128 test rooms held out (two seeds, paired), sized to the
+# 20 minutes (docs/benchmarks.md, sessions 25-26).
+RECIPES: dict[str, list[str]] = {
+    "pool": [],
+    "transfer": [
+        "env.push_notes=true", "sft.decision_weight=13", "sft.demo_tasks=256", "sft.num_solver_episodes=768",
+        "learn.train_tasks=null", "learn.epochs=1", "sampler.row_buckets=true", "eval.num_tasks=128",
+        "eval.seeds=2", "learn.updates=50",
+    ],
+}
 QUICK = [
     "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.num_solver_episodes=6",
     "sft.num_recovery_episodes=6", "learn.updates=2", "learn.tasks_per_update=1", "trial.trials_per_task=3",
@@ -146,14 +163,21 @@ def require_updates(cfg: Any) -> None:
     demo.check_config(cfg)
 
 
+def recipe_sets(recipe: str, updates: str = UPDATES) -> list[str]:
+    """The bench's sets for a named recipe, before ``--quick`` and the user's own sets."""
+    if recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
+    return [*BENCH, updates, *RECIPES[recipe]]
+
+
 def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/demo.yaml",
-        overrides: Sequence[str] = (), out_dir: str | None = None) -> dict[str, Any]:
+        overrides: Sequence[str] = (), out_dir: str | None = None, recipe: str = "pool") -> dict[str, Any]:
     """Run the sized demo stack and return the figures."""
     from retrojax import config as config_lib
     from retrojax import demo
 
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="retrojax-bench-learn-"))
-    sets = [*BENCH, UPDATES, *(QUICK if quick else []), *overrides, f"run.out_dir={out}"]
+    sets = [*recipe_sets(recipe), *(QUICK if quick else []), *overrides, f"run.out_dir={out}"]
     cfg = config_lib.load(config, sets)
     require_updates(cfg)
     log(f"[bench learn] {cfg.learn.updates} updates x {cfg.learn.tasks_per_update} tasks x "
@@ -163,6 +187,7 @@ def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "
     wall = time.perf_counter() - t0
     summary = json.loads((out / "summary.json").read_text())
     figures = figures_from_summary(summary, wall)
+    figures["learn.recipe"] = recipe
     figures["learn.report"] = str(out / "report.md")
     return figures
 
@@ -174,17 +199,19 @@ def main(args: argparse.Namespace) -> int:
 
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     overrides = list(getattr(args, "overrides", None) or [])
+    recipe = getattr(args, "recipe", None) or "pool"
     try:
         if getattr(args, "compare", False):
             from retrojax.bench.learn_compare import run_compare
 
             out = Path(tempfile.mkdtemp(prefix="retrojax-bench-compare-"))
-            sets = [*BENCH, COMPARE_UPDATES, *(QUICK if args.quick else []), *overrides]
+            # the recipe's sizes, with the compare's own budget per arm (three arms share the 20 minutes)
+            sets = [*recipe_sets(recipe), COMPARE_UPDATES, *(QUICK if args.quick else []), *overrides]
             figures = run_compare(sets, out, log)
             print_figures(figures)
             write_figures(figures, args.json)
             return 0
-        figures = run(quick=bool(args.quick), log=log, overrides=overrides)
+        figures = run(quick=bool(args.quick), log=log, overrides=overrides, recipe=recipe)
     except (ConfigError, ValueError) as e:
         print(f"retrojax bench learn: {e}", file=sys.stderr)
         return 2
