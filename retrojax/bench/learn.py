@@ -8,6 +8,7 @@ policy on the same levels and seeds.
 
 Figures (stable keys):
 
+- ``learn.recipe``: ``pool`` (default) or ``transfer`` (below);
 - ``learn.updates``: K; ``learn.wall_s``: wall time of the whole run (demonstrations to last evaluation);
   ``learn.rl_wall_s``: the RL updates alone;
 - ``learn.success.first`` / ``learn.success.last``: mean training-batch success of the first and the last
@@ -68,11 +69,11 @@ BENCH = ["eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1"]
 # 30 updates: 745-898 s on the idle 2-core machine (under the 20-minute budget); --compare runs three arms, so
 # it keeps 10 per arm
 UPDATES, COMPARE_UPDATES = "learn.updates=30", "learn.updates=10"
-# Named recipes: sets laid over BENCH and UPDATES (a user's --set still wins). "pool" is the default above: RL
-# on the demo's 4 training rooms, where the windows measure learning on the levels played. "transfer": a start
-# that reads unseen rooms (push notes, expert decisions weighted 13x, demonstrations on all 256 training rooms),
-# RL on fresh training rooms every update and all 128 test rooms held out (two seeds, paired), sized to the
-# 20 minutes (docs/benchmarks.md, sessions 25-26).
+# Named recipes: sets laid over BENCH and UPDATES (a user's --set still wins). "pool" is the default above:
+# RL on the demo's 4 training rooms, where the windows measure learning on the levels played. "transfer": a
+# start that reads unseen rooms (push notes, expert decisions weighted 13x, demonstrations on all 256
+# training rooms), RL on fresh training rooms every update, all 128 test rooms held out (two seeds, paired);
+# 50 updates, measured in docs/benchmarks.md (session 26).
 RECIPES: dict[str, list[str]] = {
     "pool": [],
     "transfer": [
