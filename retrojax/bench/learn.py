@@ -164,11 +164,11 @@ def require_updates(cfg: Any) -> None:
     demo.check_config(cfg)
 
 
-def recipe_sets(recipe: str, updates: str = UPDATES) -> list[str]:
+def recipe_sets(recipe: str) -> list[str]:
     """The bench's sets for a named recipe, before ``--quick`` and the user's own sets."""
     if recipe not in RECIPES:
         raise ValueError(f"unknown recipe {recipe!r}; known: {', '.join(RECIPES)}")
-    return [*BENCH, updates, *RECIPES[recipe]]
+    return [*BENCH, UPDATES, *RECIPES[recipe]]
 
 
 def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/demo.yaml",
