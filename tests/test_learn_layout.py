@@ -189,3 +189,4 @@ def test_bad_items_are_refused():
     with pytest.raises(ValueError, match="does not fit"):
         pack([Trained(np.arange(70), np.array([5]), {"w": np.ones(1)})], lengths=(64,), max_batch_tokens=64)
     assert terms_width(9, 64) == 16 and terms_width(64, 64) == 64
+    assert terms_width(3, 64) == 16  # K never below L/4: fewer programs for a negligible LM-head cost

@@ -23,7 +23,7 @@ Packing (host numpy): a row's sequences are inserted in lexicographic order of t
 longest prefix a new sequence shares with a row is the one it shares with the row's last sequence, a new
 sequence adds ``len - lcp`` nodes, and creation order is DFS preorder. Each sequence goes to the open row
 where it adds the fewest nodes (ties: the fullest), or opens a new row; rows of one microbatch all have the
-length ``L`` (from ``lengths``), the row count is a power of two and K is ``L >> j`` for ``j ∈ 0..3``, so a
+length ``L`` (from ``lengths``), the row count is a power of two and K is ``L >> j`` for ``j ∈ 0..2``, so a
 run compiles a bounded number of update programs. ``long_rows``: rows of up to the microbatch budget, one per
 microbatch, with the block-sparse attention (see ``pack``).
 """
@@ -39,7 +39,10 @@ import numpy as np
 LAYOUTS = ("rows", "packed", "tree", "tree_long")
 NODE_KEYS = ("input_ids", "positions", "tree_exit")
 TERM_INDEX_KEYS = ("term_node", "targets")
-_K_STEPS = 4  # K ∈ {L, L/2, L/4, L/8}
+# K ∈ {L, L/2, L/4}: a term pays only for the LM head (about 1/8 of a position's linear flops at the demo's
+# shapes, 1/9 at Qwen3-4B's), so an L/8 step would save ~1.5% of a row's flops and double the programs to
+# compile (the transfer recipe's rows hold ~0.13-0.2 terms per position, either side of L/8)
+_K_STEPS = 3
 
 
 @dataclasses.dataclass
@@ -189,7 +192,7 @@ def _fit(n: int, lengths: Sequence[int]) -> int:
 
 
 def terms_width(n_terms: int, length: int) -> int:
-    """K for a microbatch whose fullest row has ``n_terms`` terms: the smallest ``length >> j`` (j < 4)."""
+    """K for a microbatch whose fullest row has ``n_terms`` terms: the smallest ``length >> j`` (j < 3)."""
     for j in range(_K_STEPS - 1, -1, -1):
         k = max(1, length >> j)
         if n_terms <= k:
@@ -266,7 +269,7 @@ def row_lengths(lengths: Sequence[int], max_batch_tokens: int) -> tuple[int, ...
     """Every length a token-forest row may have: the sequence buckets and ``capacity · j / ROW_STEPS``.
 
     A row is cut to the smallest of these that holds it, so a part-filled row wastes less than one step;
-    the set is fixed by the config, so a run compiles at most ``len(row_lengths) × 4`` update programs.
+    the set is fixed by the config, so a run compiles at most ``len(row_lengths) × 3`` update programs.
     """
     cap = row_capacity(lengths, max_batch_tokens)
     steps = {-(-cap * j // ROW_STEPS) for j in range(1, ROW_STEPS + 1)}
