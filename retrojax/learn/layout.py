@@ -40,8 +40,9 @@ LAYOUTS = ("rows", "packed", "tree", "tree_long")
 NODE_KEYS = ("input_ids", "positions", "tree_exit")
 TERM_INDEX_KEYS = ("term_node", "targets")
 # K ∈ {L, L/2, L/4}: a term pays only for the LM head (about 1/8 of a position's linear flops at the demo's
-# shapes, 1/9 at Qwen3-4B's), so an L/8 step would save ~1.5% of a row's flops and double the programs to
-# compile (the transfer recipe's rows hold ~0.13-0.2 terms per position, either side of L/8)
+# shapes, 1/9 at Qwen3-4B's), so an L/8 step would save ~1.5% of a row's flops, and it split row lengths
+# into two programs (`bench learn --recipe transfer`, seed 0: 20 update programs with it, 15 without, the
+# same run to the last digit otherwise)
 _K_STEPS = 3
 
 
