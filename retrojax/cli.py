@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from retrojax.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # before XLA starts threads: reuse freed host memory (RETROJAX_MALLOC=system: off)
     args = build_parser().parse_args(argv)
     from retrojax.parallel.distributed import enable_compile_cache_default
 

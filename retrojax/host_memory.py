@@ -1,0 +1,51 @@
+"""Keep freed host memory for reuse: glibc malloc settings for XLA's CPU backend.
+
+XLA's CPU runtime allocates every program's buffers with ``posix_memalign`` when the program runs and frees
+them when it returns. Buffers above glibc's mmap threshold (128 KiB, at most 32 MiB) get fresh pages from the
+kernel each time, and a worker thread's arena maps any allocation over 64 MiB whatever the threshold, so a
+learner step whose attention buffers total 1.3 GB page-faults on all of them at every call. Measured on the
+demo's stack (2 CPU cores; docs/benchmarks.md, session 28): 20.4M page faults and 60 s of kernel time in a
+3m46s run; with one arena, no mmap and no trimming, 1.0M faults, 5 s, and 3m03s, same figures to the last
+digit, the peak resident set 2.8 → 3.9 GB (the heap keeps what the largest step used).
+
+:func:`keep_freed_memory` applies those settings with ``mallopt`` in a running process; it must run before
+XLA starts its threads (the CLI calls it first thing). ``RETROJAX_MALLOC=system`` leaves glibc's defaults.
+Processes started with ``MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<bytes>`` in their
+environment get the same from glibc itself (``make test`` does this, for every worker and subprocess).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+# mallopt parameters (glibc's malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8
+# Give the heap's free top back to the kernel only above 2 GiB (mallopt takes an int; the largest step's
+# buffers come round again at the next call).
+TRIM_THRESHOLD = 2**31 - 1
+
+
+def keep_freed_memory(environ: dict[str, str] | None = None) -> bool:
+    """Set glibc malloc to one arena, no mmap, no trimming; True if applied (False off Linux/glibc, or when
+    ``RETROJAX_MALLOC`` is ``system``/``0``/``off``)."""
+    env = os.environ if environ is None else environ
+    if env.get("RETROJAX_MALLOC", "").lower() in ("system", "0", "off", "false", "no"):
+        return False
+    if not sys.platform.startswith("linux"):
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+        if not hasattr(libc, "gnu_get_libc_version"):  # glibc only (musl's mallopt ignores these settings)
+            return False
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return all(mallopt(param, value) == 1 for param, value in settings)
