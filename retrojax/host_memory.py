@@ -17,7 +17,6 @@ environment get the same from glibc itself (``make test`` does this, for every w
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -36,11 +35,8 @@ def keep_freed_memory(environ: dict[str, str] | None = None) -> bool:
         return False
     if not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
+        libc = ctypes.CDLL(None)  # the process's own symbols: its C library's malloc
         mallopt = libc.mallopt
         if not hasattr(libc, "gnu_get_libc_version"):  # glibc only (musl's mallopt ignores these settings)
             return False
