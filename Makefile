@@ -20,10 +20,6 @@ TEST_COMPILE_CACHE ?= $(CURDIR)/$(VENV)/jax-cache
 # core each). Programs compute the same operations, only less optimised. `make test TEST_XLA_FLAGS=` runs
 # with XLA's default.
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0
-# glibc malloc for every test process (workers, subprocesses, notebook kernels), as the CLI sets it for
-# itself (retrojax/host_memory.py): one arena, no mmap, no trimming, so XLA's per-call buffers reuse freed
-# memory instead of page-faulting fresh pages. `make test TEST_MALLOC=` runs with glibc's defaults.
-TEST_MALLOC ?= MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647
 MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -f docs/mkdocs/mkdocs.yml
 
 .PHONY: test demo docs lint install clean
@@ -51,7 +47,7 @@ lint: install
 test: install
 	$(BIN)/ruff check retrojax envs tests
 	$(MKDOCS_BUILD)
-	$(TEST_MALLOC) XLA_FLAGS="$(TEST_XLA_FLAGS)" JAX_COMPILATION_CACHE_DIR=$(TEST_COMPILE_CACHE) \
+	XLA_FLAGS="$(TEST_XLA_FLAGS)" JAX_COMPILATION_CACHE_DIR=$(TEST_COMPILE_CACHE) \
 		RETROJAX_COMPILE_CACHE=$(or $(TEST_COMPILE_CACHE),0) \
 		$(BIN)/python -m pytest tests -p no:cacheprovider --timeout=900 -n $(TEST_WORKERS) --dist loadfile \
 		--durations=$(TEST_DURATIONS)

@@ -1,9 +1,15 @@
 """Shared test setup: tests/ is importable (`from hf_fixtures import make_tiny_hf_checkpoint`)."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# Tests that run the CLI in-process (and its subprocesses) keep glibc's malloc defaults: the suite is mostly
+# compiling, which one shared arena slows (retrojax/host_memory.py); tests/test_host_memory.py checks the
+# CLI's setting in processes of its own.
+os.environ.setdefault("RETROJAX_MALLOC", "system")
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:

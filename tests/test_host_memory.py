@@ -38,7 +38,8 @@ print(int(applied), counts[0])
 
 
 def _probe(mode: str) -> tuple[bool, int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "RETROJAX_MALLOC"))}
     out = subprocess.run([sys.executable, "-c", _PROBE, mode], env=env, capture_output=True, text=True,
                          check=True, timeout=120).stdout.split()
     return bool(int(out[0])), int(out[1])
