@@ -96,7 +96,11 @@ class Sampler:
 
     ``tokenizer`` (optional) needs ``decode(ids) -> str`` for ``Generation.text`` and a readable vocabulary
     for stop strings (see :func:`retrojax.sampling.stops.token_bytes_table`). ``chunk_buckets`` are the
-    prefill lengths compiled for. ``cache_dtype`` defaults to the model's dtype.
+    prefill lengths compiled for. ``cache_dtype`` defaults to the model's dtype. ``min_out_len``: the
+    shortest output buffer a decode program is compiled for; a caller whose calls ask for different token
+    counts (a policy's 24-token moves and 96-token reflections) sets the largest, so they share one program
+    per (rows, window). Only the buffer's size changes: the loop stops at each row's limit, so the tokens
+    are the same.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class Sampler:
         chunk_buckets: Sequence[int] = (32, 128, 512, 2048),
         cache_dtype: Any = None,
         min_window: int = 256,
+        min_out_len: int = 16,
     ):
         self.config = model.config
         self.book = RowBook(rows, max_len, self.config.vocab_size)
@@ -116,6 +121,9 @@ class Sampler:
         if isinstance(min_window, bool) or not isinstance(min_window, int) or min_window <= 0:
             raise SamplerError(f"min_window must be a positive int, got {min_window!r}")
         self.min_window = min_window
+        if isinstance(min_out_len, bool) or not isinstance(min_out_len, int) or min_out_len <= 0:
+            raise SamplerError(f"min_out_len must be a positive int, got {min_out_len!r}")
+        self.min_out_len = min_out_len
         self.tokenizer = tokenizer
         self._graphdef, self._state = nnx.split(model)
         self._layers: list[dict[str, jax.Array]] | None = None  # per-layer weight copies (first decode)
@@ -287,7 +295,7 @@ class Sampler:
         applies = np.zeros((self.rows, table_lens.shape[0]), dtype=bool)
         for r, strings in zip(rows, row_strings, strict=True):
             applies[r, [all_strings.index(x) for x in strings]] = True
-        out_len = pow2_at_least(max(limits), 16)
+        out_len = pow2_at_least(max(limits), max(16, self.min_out_len))
         window = self._window(max(int(pos[r] + max(limit[r], 1)) for r in rows))
 
         out_ids, out_lp, count, why, steps = self._run_decode(

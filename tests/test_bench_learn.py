@@ -39,7 +39,7 @@ def test_recipes_name_whole_configs_and_the_users_sets_still_win():
     transfer = config_lib.load("configs/demo.yaml", recipe_sets("transfer"))
     assert transfer.learn.train_tasks is None and transfer.sft.demo_tasks == 256
     assert transfer.env.push_notes and transfer.eval.num_tasks == 128 and transfer.eval.seeds == 2
-    assert transfer.learn.updates == 50
+    assert transfer.learn.updates == 60
     mine = config_lib.load("configs/demo.yaml", [*recipe_sets("transfer"), "learn.updates=7"])
     assert mine.learn.updates == 7
     with pytest.raises(ValueError, match="unknown recipe 'nope'; known: pool, transfer"):

@@ -258,6 +258,27 @@ def test_compilations_stay_bounded(model):
     assert TRACES["decode"] - before.get("decode", 0) <= windows
 
 
+def test_min_out_len_shares_one_decode_program_and_keeps_the_tokens(model):
+    """Short and long calls (a policy's moves and reflections) share one decode program with ``min_out_len``
+    set to the longest; only the output buffer grows, so the same key gives the same tokens."""
+    prompts = [prompt(40, 6), prompt(41, 9)]
+    runs = {}
+    for min_out_len in (128, 16):  # 128: an output length no other test compiles for
+        s = Sampler(model, rows=ROWS, max_len=MAX_LEN, chunk_buckets=BUCKETS, min_window=MAX_LEN,
+                    min_out_len=min_out_len)
+        s.append([0, 1], prompts)
+        before = TRACES["decode"]
+        calls = s.generate([0, 1], 5, key=jax.random.key(7)) + s.generate([0, 1], 40, key=jax.random.key(8))
+        runs[min_out_len] = (calls, TRACES["decode"] - before)
+    assert runs[128][1] == 1  # both calls ran the one (rows, out_len 128, window) program
+    for a, b in zip(runs[128][0], runs[16][0], strict=True):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.logprobs, b.logprobs)
+    assert all(g.ids.size <= 5 for g in runs[128][0][:2])
+    with pytest.raises(SamplerError, match="min_out_len"):
+        Sampler(model, rows=1, max_len=8, min_out_len=0)
+
+
 def test_windowed_cached_forward_equals_the_full_window(model):
     cache = init_cache(model.config, 3, 32)
     ids = jnp.asarray(prompt(80, 30).reshape(3, 10))
