@@ -100,6 +100,7 @@ def test_row_buckets_give_the_same_greedy_trials(tiny):
                                 protocols=["T@3"], env=env)
         env.close()
         assert type(policy.sampler).__name__ == ("RowBucketSampler" if buckets else "Sampler")
+        assert policy.sampler.min_out_len == 16  # moves (12) and reflections (16) share decode programs
         archives.append(archive)
     plain, bucketed = archives
     assert len(plain.calls) == len(bucketed.calls) > len(plain.trials)
