@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="run trials with a policy under protocols and report success")
     _add_config_args(ev, default="configs/sokoban.yaml")
     ev.add_argument("--policy", default="oracle:0.3",
-                    help="random | oracle:EPS | model:DIR | api:MODEL (the api: section's endpoint)")
+                    help="random | notes (Sokoban's push notes followed) | oracle:EPS | model:DIR | "
+                         "api:MODEL (the api: section's endpoint)")
     ev.add_argument("--protocol", action="append", default=None,
                     help="P@1 | T@1 | T@3 | T@k (repeatable or comma-separated)")
     ev.add_argument("--split", default=None, help="NAME:train|test (default: the config's)")

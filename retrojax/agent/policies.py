@@ -13,6 +13,7 @@ parser and budgets as a model's.
   execution context on the next execution call. A context that leaves no room in the row answers
   ``finish_reason="context"`` (the trial then ends).
 - :class:`RandomPolicy`: well-formed random actions and occasional rewinds.
+- :class:`NotesPolicy`: Sokoban's push notes followed to the letter (the baseline for a model reading them).
 - :class:`OraclePolicy`: the world's expert action (solver / deduction) with probability ``1 − ε`` and a
   random action otherwise. It notices when its own random action did not advance the branch (the world's
   branch value ≤ 0) and asks to rewind one step when the loop allows it; its remarks name the mistake as
@@ -220,6 +221,35 @@ class OraclePolicy(Policy):
     @staticmethod
     def _key_at(view: TrialView, j: int) -> str:
         return view.keys[j]
+
+
+class NotesPolicy(Policy):
+    """Sokoban with ``env.push_notes``: the move the notes in its prompt name (``follow_push_notes``), never a
+    rewind of its own; a forced recovery goes back to the latest checkpoint it may choose.
+
+    The baseline for any policy that reads the same notes: what the notes alone are worth on those rooms.
+    """
+
+    needs_text = True
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        from envs.sokoban.text import follow_push_notes
+
+        out = []
+        for req in requests:
+            v = req.view
+            if v.kind == EXECUTE:
+                users = [m["content"] for m in req.messages if m.get("role") == "user"]
+                move = follow_push_notes(req.prompt_text or (users[-1] if users else ""))
+                if move is None:
+                    raise ValueError("--policy notes reads push notes: set env.push_notes=true (Sokoban)")
+                out.append(Generation(f"Following the notes.\n{self.act(move)}"))
+            else:
+                text = f"<remark>The notes' line from C_{v.target} did not finish.</remark>"
+                if v.kind == REFLECT_CHOOSE:
+                    text += f"\n{self.act(f'rewind to C_{max(v.targets)}')}"
+                out.append(Generation(text))
+        return out
 
 
 # --------------------------------------------------------------------------------------------------

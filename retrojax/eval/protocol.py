@@ -25,7 +25,14 @@ from typing import Any
 
 from retrojax import config as config_lib
 from retrojax.agent.env_api import make_env
-from retrojax.agent.policies import ModelPolicy, OraclePolicy, Policy, RandomPolicy, TranscriptPolicy
+from retrojax.agent.policies import (
+    ModelPolicy,
+    NotesPolicy,
+    OraclePolicy,
+    Policy,
+    RandomPolicy,
+    TranscriptPolicy,
+)
 from retrojax.agent.rir.variants import is_rir, parse_variant
 from retrojax.agent.runner import run_trials
 from retrojax.agent.trial import parse_protocol
@@ -33,12 +40,15 @@ from retrojax.eval.rir.run import evaluate_rir, format_eval
 
 
 def make_policy(spec: str, cfg: Any) -> Policy:
-    """``random`` | ``oracle:EPS`` | ``model:DIR`` | ``api:MODEL`` → a policy. Raises ``ValueError`` on a bad
-    spec. ``api:MODEL`` is a served model behind the ``api:`` section's OpenAI-compatible endpoint."""
+    """``random`` | ``notes`` | ``oracle:EPS`` | ``model:DIR`` | ``api:MODEL`` → a policy. Raises
+    ``ValueError`` on a bad spec. ``api:MODEL`` is a served model behind the ``api:`` section's
+    OpenAI-compatible endpoint; ``notes`` follows Sokoban's push notes (``env.push_notes``)."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind == "random" and not arg:
         return RandomPolicy()
+    if kind == "notes" and not arg:
+        return NotesPolicy()  # Sokoban with env.push_notes: the notes followed, no model
     if kind == "oracle":
         try:
             eps = float(arg) if arg else 0.0
@@ -64,7 +74,7 @@ def make_policy(spec: str, cfg: Any) -> Policy:
         from retrojax.agent.api_policy import ApiPolicy
 
         return ApiPolicy.from_config(cfg, model=arg.strip() or None)
-    raise ValueError(f"unknown policy {spec!r}; use random, oracle:EPS, model:DIR or api:MODEL")
+    raise ValueError(f"unknown policy {spec!r}; use random, notes, oracle:EPS, model:DIR or api:MODEL")
 
 
 def _protocols(args: argparse.Namespace, cfg: Any) -> list[str]:
