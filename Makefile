@@ -16,8 +16,8 @@ TEST_DURATIONS ?= 20
 # `make test TEST_COMPILE_CACHE=` runs without it.
 TEST_COMPILE_CACHE ?= $(CURDIR)/$(VENV)/jax-cache
 # The suite compiles hundreds of small XLA programs and runs each a few times, so LLVM's optimisation passes
-# are much of its time: at level 0 four compile-heavy test files took 4m39s against 5m24s (session 22, one
-# core each). Programs compute the same operations, only less optimised. `make test TEST_XLA_FLAGS=` runs
+# are much of its time: at level 0 four compile-heavy test files took 4m39s against 5m24s (2026-12-06, a
+# 2-core AMD EPYC CPU, one core each). Programs compute the same operations, only less optimised. `make test TEST_XLA_FLAGS=` runs
 # with XLA's default.
 TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0
 MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -f docs/mkdocs/mkdocs.yml

@@ -4,9 +4,10 @@ XLA's CPU runtime allocates every program's buffers with ``posix_memalign`` when
 them when it returns. Buffers above glibc's mmap threshold (128 KiB, at most 32 MiB) get fresh pages from the
 kernel each time, and a worker thread's arena maps any allocation over 64 MiB whatever the threshold, so a
 learner step whose attention buffers total 1.3 GB page-faults on all of them at every call. With one arena,
-no mmap and no trimming, freed buffers are reused. Measured on a short demo (2 CPU cores; docs/benchmarks.md,
-session 28), the same figures to the last digit either way: with a warm compile cache 20.4M page faults and
-60 s of kernel time in 3m38s–3m46s against 1.0M, 5 s and 3m03s–3m20s; with an empty one 7m18s against 6m37s.
+no mmap and no trimming, freed buffers are reused. Measured on a short demo (2026-12-06, commit 8a8e3c4, a
+2-core AMD EPYC CPU), the same figures to the last digit either way: with a warm compile cache 20.4M page
+faults and 60 s of kernel time in 3m38s–3m46s against 1.0M, 5 s and 3m03s–3m20s; with an empty one 7m18s
+against 6m37s.
 The price: the heap keeps its peak (resident set 2.8 → 3.9 GB), and threads that compile in parallel share
 one arena's lock — compile-only work ran ~30% slower (two compile-heavy tests: 62–66 s against 80–87 s), which
 is why ``make test``, mostly compiling, keeps glibc's defaults.

@@ -104,7 +104,8 @@ def test_demo_notes_say_whether_training_batch_success_rose_with_intervals():
 
 def test_a_paired_comparison_is_judged_by_its_paired_interval(tmp_path):
     """Held-out SFT and RL play the same levels and seeds: the report judges RL − SFT by the paired interval
-    (session 25's bench: separate intervals overlapped while the paired one was [+5.4, +16.5])."""
+    (the transfer recipe's seed 0, 2026-12-06: separate intervals overlapped while the paired one was
+    [+5.4, +16.5])."""
     from retrojax import demo
     from retrojax.agent.archive import Archive, TrialRecord
 

@@ -11,7 +11,7 @@ shortest-solution moves recorded (Sokoban), and the advantages of that one archi
 - ``credit.success``, ``credit.groups.{failed,mixed,solved}``: the batch itself.
 
 RL can only teach the board where ``move_best`` is credited above ``move_other``; a rewind credited above
-both in failed groups is the pull toward ending segments early (docs/benchmarks.md, session 19).
+both in failed groups is the pull toward ending segments early (docs/benchmarks.md#credit, 2026-12-05).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A policy that ignores the board samples the same first moves on every level: on a pool whose levels want
 different first moves its agreement with the expert stays near the pool's marginal, however well it scores by
-luck and rewinds. That is what stalled ReTRAIL's RL on the demo's 4-level pool (docs/benchmarks.md#learn), so
+luck and rewinds. That is what stalled ReTRAIL's RL on the demo's 4-level pool (docs/findings.md), so
 the demo and ``retrojax bench learn`` report this figure beside success.
 
 A trial's first decision counts as agreeing when its first primitive move (Sokoban: the first move of

@@ -6,9 +6,9 @@ By default RL draws from the first ``learn.train_tasks`` training levels (all of
 the first ``train_tasks`` of those. Why: a GRPO group carries a success signal only when it holds both a
 success and a failure. From the decision-weighted warm start the policy solved 88% of unseen 2-move rooms and
 0-7% of longer ones, so most groups on the whole split were all solved or all failed (28% mixed over 30
-updates). Measured (docs/benchmarks.md#learn, session 15): a pool of 3-4-move levels raised the mixed share to
-47%, and held-out success moved as much as with every level (+4.7 vs +5.4 points of 128 rooms), so this stays
-off by default.
+updates). Measured (docs/findings.md; 2026-12-05, commit 533b79b): a pool of 3-4-move levels raised the
+mixed share to 47%, and held-out success moved as much as with every level (+4.7 vs +5.4 points of 128
+rooms), so this stays off by default.
 """
 
 from __future__ import annotations
