@@ -210,11 +210,11 @@ class SFTConfig:
     check_anneal: int = 0
     # ours: the loss weight of the tokens inside a reply's <action>…</action> relative to its other tokens
     # (1.0: every trained token alike). A reply is ~12 format tokens around one move, and under the plain
-    # token mean the move was not learned off the pool (docs/benchmarks.md#learn, session 14)
+    # token mean the move was not learned off the pool (docs/findings.md; 2026-12-05, commit 25809cb)
     decision_weight: float = 1.0
     # how SFT lays out a step's examples (learn.layout's values; null: learn.layout). On CPU tree beat
     # tree_long for SFT in both measurements: fewer step programs to compile (3 vs 7 in bench update's 20
-    # steps; 5 vs 11 in the demo's 225) and less time per step (docs/benchmarks.md#learn, session 24)
+    # steps; 5 vs 11 in the demo's 225) and less time per step (2026-12-06, commit 848296c)
     layout: Layout | None = None
 
 

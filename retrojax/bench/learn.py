@@ -73,9 +73,10 @@ UPDATES, COMPARE_UPDATES = "learn.updates=30", "learn.updates=10"
 # RL on the demo's 4 training rooms, where the windows measure learning on the levels played. "transfer": a
 # start that reads unseen rooms (push notes, expert decisions weighted 13x, demonstrations on all 256
 # training rooms), RL on fresh training rooms every update, all 128 test rooms held out (two seeds, paired);
-# 60 updates: within the 20 minutes on the idle 2-core machine (session 29: seed 0 19m00s, seed 3 17m34s).
+# 60 updates: within the 20 minutes on an idle 2-core AMD EPYC CPU (2026-12-06, 438a927: seed 0 19m00s,
+# seed 3 17m34s).
 # Held out, 50 updates gave +7.0 on average over four seeds; 60 gave +10.9, +24.6 and +9.4 on seeds 0, 1
-# and 3 (docs/benchmarks.md, sessions 25, 26 and 29).
+# and 3 (docs/findings.md#fixed-pool-vs-transfer).
 RECIPES: dict[str, list[str]] = {
     "pool": [],
     "transfer": [
