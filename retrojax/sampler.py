@@ -325,7 +325,7 @@ class Sampler:
             key, out_len=out_len, window=window)
         return (*(np.asarray(x) for x in (out_ids, out_lp, count, why)), steps)
 
-    # --- host-side functions -------------------------------------------------------------------------------
+    # --- host-side functions --------------------------------------------------------------------------
     def _window(self, reach: int) -> int:
         """Static attention window covering slots < ``reach``: a power of two >= min_window, <= max_len."""
         return min(self.max_len, pow2_at_least(reach, self.min_window))
