@@ -46,7 +46,12 @@ from retrojax.agent.trial import EnvOp, Generation, Request, TrialSpec
 
 EXECUTE = "execute"  # the agent's call (the name ReTRAIL's policies group execution calls by)
 REVIEW, COARSE, FINE, PATCH = "review", "coarse", "fine", "patch"
-AUX_ROLES = (REVIEW, COARSE, FINE, PATCH)
+RIR_ROLES = (REVIEW, COARSE, FINE, PATCH)  # RIR's own auxiliary roles
+# the baselines' auxiliary roles (``retrojax.agent.rir.baselines``): Self-Refine's critique and refined
+# action, Reflexion's and LATS's reflections, LATS's value estimate, GA-Rollback's stepwise assistant
+CRITIQUE, REFINE, REFLECT, VALUE, ASSIST = "critique", "refine", "reflect", "value", "assist"
+BASELINE_ROLES = (CRITIQUE, REFINE, REFLECT, VALUE, ASSIST)
+AUX_ROLES = (*RIR_ROLES, *BASELINE_ROLES)
 ENV, DONE = "env", "done"
 _EMPTY_IDS = np.zeros(0, np.int32)
 _EMPTY_LP = np.zeros(0, np.float32)
@@ -110,6 +115,13 @@ class RIRView:
     last_invalid: str = ""
     horizon: float = 0.0
     since_review: int = 0
+    # what the agent could see, per checkpoint C_0 … C_t: a key of the visible observation and the score the
+    # world shows (None: none); a prompt-only player (the role demonstrations' labeller) reads only these,
+    # ``path``, ``failed`` (the world's terminal flag is shown), ``signals`` and ``trigger``
+    seen: tuple[str, ...] = ()
+    shown: tuple[float | None, ...] = ()
+    notes: tuple[str, ...] = ()  # a baseline's carried texts (reflections, feedback) the agent is shown
+    proposal: str = ""  # Self-Refine's critique: the action under critique
 
 
 @dataclasses.dataclass
@@ -131,6 +143,7 @@ class RIRRecord:
         default_factory=lambda: {"agent": 0, "schedule": 0, "failure": 0}
     )
     rollbacks: int = 0  # executed restores (the world was rewound)
+    resets: int = 0  # Reflexion: new trials from the start (an episode reset, not a rollback)
     recoveries: int = 0  # Rollback verdicts acted on (restores + no-rollback reflections)
     rewind_calls: int = 0  # env.rewind operations requested
     actions: int = 0  # environment actions executed, abandoned ones included
@@ -197,6 +210,7 @@ class RIRTrial:
         self.rec: dict[str, Any] | None = None  # the review / recovery in progress
         self.states_seen: set[str] = set()
         self.calls: list[CallRecord] = []
+        self._reply: tuple[Request, str, np.ndarray, str] | None = None
         self._system_cache: tuple[int, str, np.ndarray] | None = None
         self.record = RIRRecord(
             trial=spec.trial, task=spec.task, seed=spec.seed, replicate=spec.replicate, protocol=variant.name
@@ -294,7 +308,7 @@ class RIRTrial:
         if kind not in (EXECUTE, *AUX_ROLES):
             raise RuntimeError(f"trial {self.spec.trial} has no pending call (phase {self.phase})")
         view = self._view(kind)
-        if kind == EXECUTE:
+        if kind in (EXECUTE, REFINE):  # a refined action is asked in the agent's own context
             text, messages, ids = self._agent_context()
             max_new = self.cfg.max_new_tokens
         else:
@@ -313,8 +327,13 @@ class RIRTrial:
                 else _EMPTY_IDS
             )
             text = user
-            max_new = {REVIEW: self.cfg.max_review_tokens, PATCH: self.cfg.max_patch_tokens}.get(
-                kind, self.cfg.max_select_tokens
+            long = {REVIEW, PATCH, CRITIQUE, REFLECT, ASSIST}
+            max_new = (
+                self.cfg.max_patch_tokens
+                if kind in (PATCH, REFLECT)
+                else self.cfg.max_review_tokens
+                if kind in long
+                else self.cfg.max_select_tokens
             )
         req = Request(
             trial=self.spec.trial,
@@ -358,14 +377,26 @@ class RIRTrial:
             last_invalid=self.note,
             horizon=self.horizon,
             since_review=self.since_review,
+            seen=tuple(n.seen for n in self.path),
+            shown=tuple(n.shown for n in self.path),
+            notes=self._notes(),
+            proposal=(self.proposal or {}).get("shown", ""),
         )
 
+    def _notes(self) -> tuple[str, ...]:
+        """A baseline's carried texts (none for RIR: its carried knowledge is M)."""
+        return ()
+
+    def _memory_block(self) -> str | None:
+        """The block that closes the agent's system prompt: RIR's M (a baseline shows its own)."""
+        if not self.variant.shows_memory:
+            return None
+        return self.memory.render_compact() if self.compact else self.memory.render()
+
     def _system_ids(self) -> tuple[str, np.ndarray]:
-        version = self.memory.version
+        version = self._version()
         if self._system_cache is None or self._system_cache[0] != version:
-            memory_block = None
-            if self.variant.shows_memory:
-                memory_block = self.memory.render_compact() if self.compact else self.memory.render()
+            memory_block = self._memory_block()
             if self.compact:
                 text = P.agent_system_compact(
                     prompt_key=self.prompt_key,
@@ -392,6 +423,10 @@ class RIRTrial:
             )
             self._system_cache = (version, text, ids)
         return self._system_cache[1], self._system_cache[2]
+
+    def _version(self) -> int:
+        """Bumped whenever the memory block changes (the system prompt is rebuilt only then)."""
+        return self.memory.version
 
     def _agent_context(self) -> tuple[str, list[dict[str, str]], np.ndarray]:
         if not self.render:
@@ -548,6 +583,7 @@ class RIRTrial:
             logprobs=logprobs,
             output_text=text,
             finish_reason=gen.finish_reason,
+            teach=bool(gen.teach),
         )
         if gen.usage is not None:
             call.prompt_tokens, call.completion_tokens = int(gen.usage[0]), int(gen.usage[1])
@@ -556,6 +592,7 @@ class RIRTrial:
         if gen.error:
             self.record.api_failures += 1
         self.calls.append(call)
+        self._reply = (req, gen.finish_reason, out_ids, gen.error)  # a refined action is read like a move
         if gen.finish_reason == "context":  # the context no longer fits the model: the trial ends
             call.valid, call.invalid_reason = False, "the context no longer fits the model"
             self._end("context")
@@ -564,9 +601,11 @@ class RIRTrial:
             return self._on_agent(call, req, text, gen.finish_reason, out_ids, gen.error)
         self.record.aux_calls += 1
         self.record.aux_by_role[req.kind] += 1
-        return {REVIEW: self._on_review, COARSE: self._on_coarse, FINE: self._on_fine, PATCH: self._on_patch}[
-            req.kind
-        ](call, text)
+        return self._handlers()[req.kind](call, text)
+
+    def _handlers(self) -> dict[str, Any]:
+        """The reply handler of each auxiliary role this trial asks for."""
+        return {REVIEW: self._on_review, COARSE: self._on_coarse, FINE: self._on_fine, PATCH: self._on_patch}
 
     def _on_agent(
         self, call: CallRecord, req: Request, text: str, finish: str, out_ids: np.ndarray, error: str = ""
@@ -574,6 +613,18 @@ class RIRTrial:
         self.record.agent_calls += 1
         self.since_review += 1
         self.record.max_unreviewed = max(self.record.max_unreviewed, self.since_review)
+        proposal = self._read_action(call, req, text, finish, out_ids, error)
+        requested = proposal["kind"] == "rollback"
+        scheduled = self.variant.scheduled_trigger and self.sched.due(self.since_review, self.horizon)
+        if requested or scheduled:
+            self._start_review("agent" if requested else "schedule")
+            return None
+        return self._commit()
+
+    def _read_action(
+        self, call: CallRecord, req: Request, text: str, finish: str, out_ids: np.ndarray, error: str = ""
+    ) -> dict[str, Any]:
+        """The agent's reply as the pending proposal (a move, the rollback tool, or an invalid turn)."""
         turn_ids = _EMPTY_IDS
         if self.tok is not None:
             user_ids = np.asarray(
@@ -616,12 +667,7 @@ class RIRTrial:
                 proposal.update(kind="move", action=action, shown=action.text)
         call.action = proposal.get("shown", "")
         self.proposal = proposal
-        requested = proposal["kind"] == "rollback"
-        scheduled = self.variant.scheduled_trigger and self.sched.due(self.since_review, self.horizon)
-        if requested or scheduled:
-            self._start_review("agent" if requested else "schedule")
-            return None
-        return self._commit()
+        return proposal
 
     def _commit(self) -> EnvOp | None:
         """Execute the agent's pending proposal (after a Continue verdict or when no review was due)."""
@@ -659,19 +705,32 @@ class RIRTrial:
             self._next_turn()
             return
         self.record.actions += 1
+        self._append(info, observation, prop["action"].text)
+        call.reward, call.solved, call.failed = float(info.reward), bool(info.solved), bool(info.failed)
+        self.note = ""
+        self.turns.append(prop["turn"])
+        self.phase = EXECUTE
+        self._after_step(info)
+
+    def _append(self, info: StepInfo, observation: str, action: str) -> Node:
+        """Push ``C_{t+1}``, the checkpoint an executed action created, onto the active path."""
         prev = self.path[-1]
         # V(C_0 → C_i) from the two ends only: a value per state (text worlds' branch value is a running max)
         value = float(self.env.branch_value([self.path[0].progress, info.progress], info.solved, info.failed))
         score = float(info.score) if info.score is not None else prev.score + float(info.reward)
         sigma = summaries.update(self.world, prev.sigma, observation, info)
-        self.path.append(
-            self._node(self.t + 1, info, value, observation, prop["action"].text, info.message, sigma, score)
-        )
+        node = self._node(self.t + 1, info, value, observation, action, info.message, sigma, score)
+        self.path.append(node)
         self.states_seen.add(info.state_key)
-        call.reward, call.solved, call.failed = float(info.reward), bool(info.solved), bool(info.failed)
-        self.note = ""
-        self.turns.append(prop["turn"])
-        self.phase = EXECUTE
+        return node
+
+    def take_op(self) -> EnvOp | None:
+        """A further world operation this trial needs before its next model call (a search replaying its
+        way to a node); the runner asks after every step and rewind. RIR itself never needs one."""
+        return None
+
+    def _after_step(self, info: StepInfo) -> None:
+        """What follows an executed move: the end, a failure review, or the next agent call."""
         if info.solved:
             self._end("success")
         elif info.failed:

@@ -31,18 +31,36 @@ import numpy as np
 from retrojax.agent import parse
 from retrojax.agent.env_api import TrialEnv
 from retrojax.agent.rir import replies
-from retrojax.agent.rir.controller import COARSE, EXECUTE, FINE, PATCH, REVIEW, RIRView
+from retrojax.agent.rir.baselines import prompts as B
+from retrojax.agent.rir.controller import (
+    ASSIST,
+    COARSE,
+    CRITIQUE,
+    EXECUTE,
+    FINE,
+    PATCH,
+    REFINE,
+    REFLECT,
+    REVIEW,
+    VALUE,
+    RIRView,
+)
 from retrojax.agent.trial import Generation, Request, TrialSpec
 
 _AVOID = re.compile(r"avoid '([^']*)' at state ([0-9a-zA-Z_\-]+)")
-_SALTS = {EXECUTE: 21, REVIEW: 22, COARSE: 23, FINE: 24, PATCH: 25}
+_AVOID_AT = re.compile(r"avoid '([^']*)' at (C_\d+)\b")  # the visible form: at a checkpoint of the path
+_SALTS = {
+    EXECUTE: 21, REVIEW: 22, COARSE: 23, FINE: 24, PATCH: 25,
+    CRITIQUE: 26, REFINE: 27, REFLECT: 28, VALUE: 29, ASSIST: 30,
+}
 
 
 def eliminated(view: RIRView) -> dict[str, set[str]]:
-    """``E.elim`` entries of the memory as: state key → actions to avoid there."""
+    """Eliminations the agent is shown — ``E.elim`` entries of M, a baseline's carried texts and the note of
+    its user turn (Self-Refine's feedback) — as: state key → actions to avoid there."""
     out: dict[str, set[str]] = {}
-    for text in view.memory.texts("elim"):
-        for action, key in _AVOID.findall(text):
+    for text in (*view.memory.texts("elim"), *view.notes, view.last_invalid):
+        for action, key in (*_AVOID.findall(text), *_AVOID_AT.findall(text)):
             out.setdefault(key, set()).add(action)
     return out
 
@@ -95,6 +113,9 @@ class _Scripted:
         return parse.format_action(action, getattr(self.env, "action_style", "tag"))
 
 
+RANDOM_MOVE = "Trying something."  # how the oracle agent opens a deliberate random move (never a target)
+
+
 class RIROraclePolicy(_Scripted):
     def __init__(self, epsilon: float = 0.3, noise: float = 0.0, stall: int = 4):
         super().__init__()
@@ -113,7 +134,7 @@ class RIROraclePolicy(_Scripted):
             env.prefetch_expert = True
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        agents = [r for r in requests if r.view.kind == EXECUTE]
+        agents = [r for r in requests if r.view.kind in (EXECUTE, REFINE, CRITIQUE)]
         expert = dict(
             zip(
                 (r.trial for r in agents),
@@ -124,8 +145,11 @@ class RIROraclePolicy(_Scripted):
         out = []
         for req in requests:
             v: RIRView = req.view
-            if v.kind == EXECUTE:
-                out.append(Generation(self._agent(req.trial, v, expert[req.trial])))
+            if v.kind in (EXECUTE, REFINE):
+                text = self._agent(req.trial, v, expert[req.trial])
+                out.append(Generation(text, teach=not text.startswith(RANDOM_MOVE)))
+            elif v.kind in (CRITIQUE, REFLECT, VALUE, ASSIST):
+                out.append(Generation(self._baseline(req.trial, v, expert.get(req.trial))))
             elif v.kind == REVIEW:
                 out.append(Generation(self._review(req.trial, v)))
             elif v.kind == COARSE:
@@ -155,15 +179,52 @@ class RIROraclePolicy(_Scripted):
             and last[0] + 1 == t
             and v.path
             and v.path[-1] == last[1]
-            and v.values[-1] < v.values[-2]
+            and self._regret(v)
         ):
-            return f"My random move '{last[1]}' lost progress.\n{self.act('rollback')}"
-        avoid = frozenset(eliminated(v).get(v.state_key, set()))
+            return f"My random move '{last[1]}' {self._regret(v)}.\n{self.act('rollback')}"
+        avoid = self._avoid(v)
         if expert is None or expert in avoid or rng.random() < self.epsilon:
             action = self.env.random_actions([v.slot], rng, [avoid])[0]
             self.last_random[trial] = (t, action)
-            return f"Trying something.\n{self.act(action)}"
+            return f"{RANDOM_MOVE}\n{self.act(action)}"
         return f"Following the plan.\n{self.act(expert)}"
+
+    def _regret(self, v: RIRView) -> str:
+        """Why the agent's own last (random) move is worth a rollback request ("" if it is not)."""
+        return "lost progress" if v.values[-1] < v.values[-2] else ""
+
+    def _avoid(self, v: RIRView) -> frozenset[str]:
+        """The moves the agent's eliminations rule out at its current state."""
+        return frozenset(eliminated(v).get(v.state_key, set()))
+
+    def _baseline(self, trial: int, v: RIRView, expert: str | None) -> str:
+        """The baselines' auxiliary roles with the same exact values as RIR's oracle roles (its view, never
+        the prompt): the critic knows the expert move as the oracle agent does and, as noisy as the agent,
+        misses an off-plan move with probability ε; values compare a step's
+        branch value with its parent's; reflections and feedback name the move taken at the latest
+        best-valued checkpoint, as RIR's oracle reviewer eliminates it."""
+        rng = self.rng(trial, v.kind)
+        flip = self.noise > 0 and rng.random() < self.noise
+        t = v.checkpoint
+        if v.kind == CRITIQUE:  # the same noisy expert as the agent: an off-plan move is seen w.p. 1 − ε
+            on_plan = expert is None or self.env.parse_action(expert).text == v.proposal
+            missed = not on_plan and rng.random() < self.epsilon
+            if (on_plan or missed) != flip:
+                return B.write_critique(B.KEEP, "the action follows the plan")
+            return B.write_critique(
+                B.REVISE, f"avoid '{v.proposal}' at state {v.state_key}: it does not lead toward the goal"
+            )
+        if v.kind == VALUE:
+            step = v.values[-1] - v.values[-2] if t > 0 else 0.0
+            return B.write_value(0.5 + 0.5 * float(np.sign(step)))
+        r = best_restore(v, range(t)) if t > 0 else 0
+        lesson = f"avoid '{v.path[r]}' at state {v.keys[r]}" if r < t else ""
+        if v.kind == REFLECT:
+            return B.write_reflection(lesson or "the attempt ran out of replies; keep to the plan")
+        worse = v.failed[-1] or (t > 0 and v.values[-1] < v.values[-2])
+        if worse != flip and r < t:
+            return B.write_assist(replies.ROLLBACK, r, lesson + ": it lost progress")
+        return B.write_assist(replies.CONTINUE)
 
     def _review(self, trial: int, v: RIRView) -> str:
         rng = self.rng(trial, REVIEW)
@@ -209,6 +270,142 @@ class RIROraclePolicy(_Scripted):
             f"{v.diagnosis or 'the branch stalled'}; the abandoned actions from C_{r} were: {actions}",
             self.patterns.get(trial, ""),
         )
+
+
+class RIRVisibleOracle(RIROraclePolicy):
+    """The oracle whose every label is a function of what the role's prompt shows: the labeller of the role
+    demonstrations (:mod:`retrojax.learn.role_demos`), so a model can learn each reply from its prompt.
+
+    The agent's moves are the solver's (w.p. 1 − ε; its random moves are never targets), as in ReTRAIL's
+    demonstrations: the board it is shown determines them. Everything else reads only the visible path —
+    the actions, each checkpoint's observation (compared as text), the score the world shows, the world's
+    terminal flag, ξ_t and the review's trigger — never the solver's distance, ``branch_value`` or state keys:
+
+    - the agent asks for a review after its own random move when the visible outcome got worse (see
+      :func:`visible_trouble`);
+    - the reviewer says Rollback exactly when :func:`visible_trouble` names a problem at ``C_t``: the world's
+      failure flag, the current observation seen earlier on the path (a cycle), or the visible score below
+      its best on the path; urgency = steps since the visible score rose / (2 · stall), capped at 1 (0 where
+      the world shows no score); the elimination it adds is ``avoid '<move>' at C_r`` for the move taken at
+      the restore point;
+    - the restore point (:func:`visible_restore`): after a failure the latest checkpoint not marked failed;
+      for a cycle the first checkpoint with the current observation (the loop is cut at its start); for a
+      lost score the latest checkpoint with the best visible score; the coarse range is ``[r, t]`` and the
+      fine choice ``r`` (the latest admissible candidate when ``r`` is not among them);
+    - the patcher: the best visible checkpoint past ``r`` as a milestone, the diagnosis and the abandoned
+      moves as the failure, the kind of trouble as the pattern.
+    """
+
+    def _regret(self, v: RIRView) -> str:
+        return visible_trouble(v)
+
+    def _avoid(self, v: RIRView) -> frozenset[str]:
+        return frozenset(eliminated(v).get(f"C_{v.checkpoint}", set()))
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        agents = [r for r in requests if r.view.kind in (EXECUTE, REFINE, CRITIQUE)]
+        expert = dict(
+            zip(
+                (r.trial for r in agents),
+                self.env.expert_actions([r.slot for r in agents]) if agents else [],
+                strict=True,
+            )
+        )
+        out = []
+        for req in requests:
+            v: RIRView = req.view
+            if v.kind in (EXECUTE, REFINE):
+                text = self._agent(req.trial, v, expert[req.trial])
+                out.append(Generation(text, teach=not text.startswith(RANDOM_MOVE)))
+            elif v.kind == REVIEW:
+                out.append(Generation(self._visible_review(v)))
+            elif v.kind == COARSE:
+                out.append(Generation(replies.write_range(visible_restore(v), v.checkpoint)))
+            elif v.kind == FINE:
+                r = visible_restore(v)
+                r = r if r in v.candidates else max(v.candidates, default=r)
+                out.append(Generation(replies.write_restore(r, 1.0, _WHY.get(_kind(v), _WHY[""]))))
+            elif v.kind == PATCH:
+                out.append(Generation(self._visible_patch(v)))
+            else:
+                raise ValueError(f"the visible oracle labels RIR's roles only, not {v.kind!r}")
+        return out
+
+    def _visible_review(self, v: RIRView) -> str:
+        trouble = visible_trouble(v)
+        gain = v.signals.steps_since_gain
+        urgency = 0.0 if gain is None else min(1.0, gain / (2 * self.stall))
+        if not trouble:
+            return replies.write_review(replies.CONTINUE, urgency)
+        r = visible_restore(v)
+        elim = [f"avoid '{v.path[r]}' at C_{r}"] if r < v.checkpoint else []
+        return replies.write_review(replies.ROLLBACK, urgency, f"at C_{v.checkpoint} {trouble}", elim=elim)
+
+    def _visible_patch(self, v: RIRView) -> str:
+        r, t = v.restore, v.checkpoint
+        scores = [x if x is not None else float("-inf") for x in v.shown]
+        best = max(range(t + 1), key=lambda i: (scores[i], i))
+        milestones = [f"an earlier attempt reached: {v.summaries[best]}"] if best > r else []
+        moves = ", ".join(v.path[r:]) or "none"
+        return replies.write_patch(
+            milestones,
+            f"{v.diagnosis or 'the branch went wrong'}; the abandoned moves from C_{r} were: {moves}",
+            _PATTERN.get(_kind(v), ""),
+        )
+
+
+_WHY = {
+    "failure": "the latest checkpoint before the failure",
+    "cycle": "the first checkpoint of the loop",
+    "score": "the latest checkpoint with the best visible score",
+    "": "the latest candidate",
+}
+_PATTERN = {
+    "failure": "a move ended the game",
+    "cycle": "moves that lead back to an earlier observation",
+    "score": "moves that lower the visible score",
+}
+
+
+def _kind(v: RIRView) -> str:
+    if v.failed and v.failed[-1]:
+        return "failure"
+    if v.seen and v.seen[-1] in v.seen[:-1]:
+        return "cycle"
+    shown = [x for x in v.shown if x is not None]
+    if shown and v.shown[-1] is not None and v.shown[-1] < max(shown):
+        return "score"
+    return ""
+
+
+def visible_trouble(v: RIRView) -> str:
+    """What the visible path shows wrong at its current checkpoint ("" when nothing): the world's failure
+    flag, the current observation seen earlier on the path, or the visible score below its best."""
+    kind = _kind(v)
+    t = v.checkpoint
+    if kind == "failure":
+        return "the world reports an irreversible failure"
+    if kind == "cycle":
+        j = v.seen.index(v.seen[-1])
+        return f"the observation of C_{j} came back (a cycle of {t - j} steps)"
+    if kind == "score":
+        best = max(x for x in v.shown if x is not None)
+        return f"the visible score fell to {v.shown[-1]:g} from {best:g}"
+    return ""
+
+
+def visible_restore(v: RIRView) -> int:
+    """The restore point a visible trouble implies (see :class:`RIRVisibleOracle`); ``t`` when none."""
+    kind, t = _kind(v), v.checkpoint
+    if kind == "failure":
+        ok = [i for i in range(t) if not v.failed[i]]
+        return max(ok) if ok else 0
+    if kind == "cycle":
+        return v.seen.index(v.seen[-1])
+    if kind == "score":
+        best = max(x for x in v.shown if x is not None)
+        return max(i for i in range(t) if v.shown[i] == best)
+    return t
 
 
 class RIRRandomPolicy(_Scripted):

@@ -16,6 +16,7 @@ from typing import Any
 from retrojax.agent.archive import Archive
 from retrojax.agent.chat import ByteChatTokenizer, ChatTokenizer, wrap_tokenizer
 from retrojax.agent.env_api import TrialEnv, make_env
+from retrojax.agent.rir.baselines import trial_class
 from retrojax.agent.rir.controller import RIRRecord, RIRTrial
 from retrojax.agent.rir.settings import Settings
 from retrojax.agent.rir.variants import parse_variant
@@ -68,7 +69,7 @@ class RIRRunner:
             self._opened = shape
         slots = list(range(n))
         trials = [
-            RIRTrial(
+            trial_class(variants[spec.protocol])(
                 spec,
                 slot,
                 self.env,
@@ -101,11 +102,20 @@ class RIRRunner:
     def _tick(self, live: list[RIRTrial]) -> None:
         requests = [t.request() for t in live]
         gens = ask(self.policy, requests)
-        steps, rewinds = [], []
+        ops = []
         for t, g in zip(live, gens, strict=True):
             op = t.on_output(g)
             if op is not None:
-                (steps if op.kind == "step" else rewinds).append((t, op))
+                ops.append((t, op))
+        while ops:  # a world operation may ask for more before the next call (a search replaying its way)
+            self._world(ops)
+            ops = [(t, op) for t, _ in ops if (op := t.take_op()) is not None]
+        self.ticks += 1
+
+    def _world(self, ops: list[tuple[RIRTrial, Any]]) -> None:
+        """One batched round of world operations: every step together, then every rewind together."""
+        steps = [(t, op) for t, op in ops if op.kind == "step"]
+        rewinds = [(t, op) for t, op in ops if op.kind != "step"]
         if steps:
             slots = [t.slot for t, _ in steps]
             infos = self.env.step(slots, [op.action for _, op in steps])
@@ -119,7 +129,6 @@ class RIRRunner:
             obs = [None] * len(slots) if callable(key_of) else self.env.observations(slots)
             for (t, _), o in zip(rewinds, obs, strict=True):
                 t.on_rewound(key_of(t.slot) if callable(key_of) else None, o)
-        self.ticks += 1
 
 
 def make_specs(

@@ -18,6 +18,19 @@
 ``RIR/range-A-B``    RIR with ``(L_min, L_max) = (A, B)`` (the range sweep)
 ==================  ==========================================================================
 
+The baselines of the paper's §5.1 run as variants of the same controller and runner, under the same agent
+budget (``retrojax.agent.rir.baselines``, one module each):
+
+===================  =========================================================================
+``RIR/self-refine``  critique and revise every proposed move before it runs (no rollback, nothing carried)
+``RIR/reflexion``    whole trials: a failed trial is reflected on and the world reset to the start; the
+                     reflections are carried forward (a reset is a new trial, not a rollback)
+``RIR/lats``         tree search over actions: sampled children, value estimates, UCT selection, the world
+                     restored through the trail to the selected node, reflections on failed leaves
+``RIR/ga-rollback``  an assistant checks every executed step and may roll back to an earlier
+                     checkpoint with feedback (explicit state rollback, within B_rb)
+===================  =========================================================================
+
 Every variant with a reviewer also reviews an irreversible failure reported by the world (a dead Sokoban
 state, a mine, a failed text task) before the trial ends: our games end on such a state, so without this
 review no variant could ever recover from one (see the README's RIR section).
@@ -31,6 +44,8 @@ import re
 LOCALIZE = "localize"  # coarse (or direct) + fine selection
 RESTART = "restart"
 NO_RESTORE = "none"
+ASSISTANT = "assistant"  # GA-Rollback: the assistant names the restore point in one stage
+SEARCH = "search"  # LATS: the world is restored to the node the search selects
 
 _NAMES = (
     "RIR",
@@ -43,7 +58,8 @@ _NAMES = (
     "RIR/direct",
     "RIR/rollback-only",
 )
-ALL_VARIANTS = _NAMES
+ALL_VARIANTS = _NAMES  # RIR and its ablations
+BASELINES = ("RIR/self-refine", "RIR/reflexion", "RIR/lats", "RIR/ga-rollback")  # the paper's §5.1 baselines
 ALIASES = {"rir/reflection-only": "RIR/no-rollback"}  # the paper's two names for one ablation
 _RANGE = re.compile(r"^RIR/range-(\d{1,3})-(\d{1,3})$", re.IGNORECASE)
 
@@ -59,6 +75,7 @@ class Variant:
     memory: bool = True  # False: M stays as initialized (rollback-only)
     reviews: bool = True  # False only for react
     l_range: tuple[int, int] | None = None  # range sweep override of (L_min, L_max)
+    method: str = "rir"  # rir | self-refine | reflexion | lats | ga-rollback (the trial's loop)
 
     @property
     def shows_memory(self) -> bool:
@@ -80,10 +97,22 @@ def parse_variant(name: str) -> Variant:
         if not 1 <= lo <= hi:
             raise ValueError(f"protocol {name!r}: need 1 ≤ L_min ≤ L_max")
         return Variant(f"RIR/range-{lo}-{hi}", l_range=(lo, hi))
-    canon = {n.lower(): n for n in _NAMES}.get(raw.lower()) or ALIASES.get(raw.lower())
+    canon = {n.lower(): n for n in (*_NAMES, *BASELINES)}.get(raw.lower()) or ALIASES.get(raw.lower())
     if canon is None:
         raise ValueError(
-            f"unknown RIR protocol {name!r}; expected one of {', '.join(_NAMES)} or RIR/range-A-B"
+            f"unknown RIR protocol {name!r}; expected one of {', '.join((*_NAMES, *BASELINES))} or "
+            "RIR/range-A-B"
+        )
+    if canon in BASELINES:  # no RIR review, no rollback tool, no M: each loop is its own
+        return Variant(
+            canon,
+            agent_trigger=False,
+            scheduled_trigger=False,
+            reviews=False,
+            memory=False,
+            restore={"RIR/ga-rollback": ASSISTANT, "RIR/lats": SEARCH}.get(canon, NO_RESTORE),
+            coarse=False,
+            method=canon.partition("/")[2],
         )
     tail = canon.partition("/")[2]
     table = {

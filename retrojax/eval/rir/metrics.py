@@ -44,6 +44,7 @@ def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
             k: mean(lambda r, k=k: r.reviews_by_trigger[k]) for k in ("agent", "schedule", "failure")
         },
         "rollbacks": mean(lambda r: r.rollbacks),
+        "resets": mean(lambda r: r.resets),  # Reflexion's new trials
         "recoveries": mean(lambda r: r.recoveries),
         "aux_calls": mean(lambda r: r.aux_calls),
         "aux_by_role": {k: mean(lambda r, k=k: r.aux_by_role[k]) for k in AUX_ROLES},

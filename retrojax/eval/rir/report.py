@@ -21,13 +21,18 @@ from retrojax.eval.rir.run import format_eval
 __all__ = ["build_report", "format_eval", "main", "protocols_for", "run_world"]
 
 TABLES = ("main", "when", "where", "components", "range")
-MAIN = ("RIR/react", "RIR/no-rollback", "RIR/restart", "RIR")
+BASELINES = ("RIR/self-refine", "RIR/reflexion", "RIR/lats", "RIR/ga-rollback")  # the paper's §5.1
+MAIN = ("RIR/react", *BASELINES, "RIR/no-rollback", "RIR/restart", "RIR")
 WHEN = ("RIR/agent-only", "RIR/scheduled-only", "RIR/hybrid-fixed", "RIR")
 WHERE = ("RIR/no-rollback", "RIR/restart", "RIR/direct", "RIR")
 COMPONENTS = ("RIR/no-rollback", "RIR/rollback-only", "RIR")
 RETRAIL = ("P@1", "T@1", "T@3")
 LABELS = {
     "RIR/react": "ReAct (no recovery)",
+    "RIR/self-refine": "Self-Refine",
+    "RIR/reflexion": "Reflexion",
+    "RIR/lats": "LATS",
+    "RIR/ga-rollback": "GA-Rollback",
     "RIR/no-rollback": "Reflection only (no rollback)",
     "RIR/restart": "Restart",
     "RIR/direct": "Direct selection",
@@ -115,8 +120,9 @@ def _model_facts(worlds: dict[str, dict[str, Any]]) -> list[str]:
         "A reply counts once per role when any of its fields fell back; 'no verdict': reviews whose "
         "verdict could not be read (acted on as Continue).",
         "",
-        "| world | variant | review | no verdict | coarse | fine | patch | restores refused |",
-        "|" + "---|" * 8,
+        "| world | variant | review | no verdict | coarse | fine | patch | baseline roles "
+        "| restores refused |",
+        "|" + "---|" * 9,
     ]
     for world, data in worlds.items():
         for name, r in data["results"].items():
@@ -126,7 +132,12 @@ def _model_facts(worlds: dict[str, dict[str, Any]]) -> list[str]:
             cells = " | ".join(f"{bad[k]}/{tot[k]}" for k in ("review", "coarse", "fine", "patch"))
             verdicts = f"{r.get('verdict_fallbacks_total', 0)}/{tot['review']}"
             cells = cells.replace(" | ", f" | {verdicts} | ", 1)
-            out.append(f"| {world} | {name} | {cells} | {r['restores_refused_total']} |")
+            other = ", ".join(
+                f"{k} {bad[k]}/{tot[k]}"
+                for k in tot
+                if k not in ("review", "coarse", "fine", "patch") and tot[k]
+            ) or "–"
+            out.append(f"| {world} | {name} | {cells} | {other} | {r['restores_refused_total']} |")
     out.append("")
     for world, data in worlds.items():
         if len(data.get("groups") or []) > 1:  # sampler.max_inflight split the batch: wall time per group
@@ -173,8 +184,12 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
     lines.append("")
     if "main" in tables:
         names = [n for n in (*RETRAIL, *MAIN) if any(n in d["results"] for d in worlds.values())]
-        head = "| method | " + " | ".join(f"{w} SR [95% CI]" for w in worlds) + " | DR | Avg SR |"
-        lines += ["## Table 1 — main results", "", head, "|" + "---|" * (len(worlds) + 3)]
+        head = (
+            "| method | "
+            + " | ".join(f"{w} SR [95% CI]" for w in worlds)
+            + " | DR | Avg SR | aux calls / task | rollbacks / task | agent calls / task |"
+        )
+        lines += ["## Table 1 — main results", "", head, "|" + "---|" * (len(worlds) + 6)]
         for n in names:
             srs = [d["results"].get(n, {}).get("success") for d in worlds.values()]
             cells = []
@@ -191,12 +206,18 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
             )
             known = [s for s in srs if s is not None]
             avg = _pct(sum(known) / len(known)) if known else "–"
-            lines.append(f"| {LABELS.get(n, n)} | " + " | ".join(cells) + f" | {dr} | {avg} |")
+            cost = []
+            for key in ("aux_calls", "rollbacks", "agent_calls"):  # per task, each world's in order
+                vals = [d["results"][n].get(key) for d in worlds.values() if n in d["results"]]
+                cost.append(" / ".join(f"{x:.2f}" for x in vals if x is not None) or "–")
+            row = f"| {LABELS.get(n, n)} | " + " | ".join(cells) + f" | {dr} | {avg} | "
+            lines.append(row + " | ".join(cost) + " |")
         p = PAPER["RIR"]
         lines += [
             f"| RIR — {PAPER_NOTE} | "
             + " | ".join("–" for _ in worlds)
-            + f" | {p['dense_reward']:.3f} | {_pct(p['success'])} (ScienceWorld) |",
+            + f" | {p['dense_reward']:.3f} | {_pct(p['success'])} (ScienceWorld) | – | "
+            f"{p['rollbacks']:.2f} | – |",
             "",
         ]
         lines += [
@@ -205,7 +226,8 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
             "| method | " + " | ".join(worlds) + " |",
             "|" + "---|" * (len(worlds) + 1),
         ]
-        for n in ("RIR/restart", "RIR/direct", "RIR/rollback-only", "RIR", "T@1", "T@3"):
+        for n in ("RIR/ga-rollback", "RIR/lats", "RIR/restart", "RIR/direct", "RIR/rollback-only", "RIR",
+                  "T@1", "T@3"):
             vals = [
                 d["results"].get(n, {}).get("rollbacks", d["results"].get(n, {}).get("rewinds"))
                 for d in worlds.values()
@@ -216,7 +238,15 @@ def build_report(worlds: dict[str, dict[str, Any]], tables: list[str], out: Path
                     + " | ".join("–" if v is None else f"{v:.2f}" for v in vals)
                     + " |"
                 )
-        lines += [f"| RIR — {PAPER_NOTE} | {PAPER['RIR']['rollbacks']:.2f} (ScienceWorld) |", ""]
+        lines += [
+            f"| RIR — {PAPER_NOTE} | {PAPER['RIR']['rollbacks']:.2f} (ScienceWorld) |",
+            f"| GA-Rollback — {PAPER_NOTE} | ≈ 2.9 (ScienceWorld) |",
+            "",
+            "LATS's rollbacks are the search's moves between tree nodes (the world restored to each selected "
+            "node); Reflexion's new trials are resets, not rollbacks (`resets` in summary.json); Self-Refine "
+            "restores nothing.",
+            "",
+        ]
         oracle = {w: d for w, d in worlds.items() if str(d.get("policy", "")).startswith("oracle")}
         if oracle:  # the acceptance bounds are the scripted oracle's; model runs: the paired section
             lines += ["## Oracle acceptance (paired differences, 95% intervals)", ""]
