@@ -168,6 +168,10 @@ class EvalConfig:
     protocols: tuple[str, ...] = ("P@1", "T@1", "T@3")
     every: int = 0  # evaluate every N updates during training (0 = only at the end)
     num_tasks: int | None = 32
+    # ours: float32 | model. float32 keeps float32 master weights, AdamW moments and gradient sums beside a
+    # bfloat16 model (a 1e-6 step of a bfloat16 weight rounds to zero); model steps the weights in the model's
+    # dtype (half the optimizer memory, knowingly). SFT follows it too (retrojax.learn.precision)
+    master_dtype: str = "float32"
     seeds: int = 1
     # ours: the demo also scores the SFT and the RL policy with greedy decoding (one seed): a held-out gain at
     # the sampling temperature that vanishes here is sharpening, not more boards read

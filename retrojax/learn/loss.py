@@ -16,14 +16,19 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from retrojax.learn.precision import cast_like
 from retrojax.model import token_logprobs
 
 
 def merge_params(graphdef: Any, template: Any, params: dict) -> Any:
-    """The nnx module for ``params`` (a pure dict), built from ``graphdef`` and an abstract state template."""
+    """The nnx module for ``params`` (a pure dict), built from ``graphdef`` and an abstract state template.
+
+    Each weight takes the template's dtype: float32 master weights (retrojax.learn.precision) become the
+    model's compute dtype here, inside the traced loss, so their gradients come back in float32.
+    """
     state = jax.tree.map(lambda x: x, template)
     nnx.replace_by_pure_dict(state, params)
-    return nnx.merge(graphdef, state)
+    return nnx.merge(graphdef, cast_like(state, template))
 
 
 def model_logprobs(graphdef: Any, template: Any, params: dict, batch: dict[str, jax.Array],

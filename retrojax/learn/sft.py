@@ -25,6 +25,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from retrojax.learn.precision import cast_like, dtypes_of, master_copy
 from retrojax.model.qwen3 import Qwen3, token_logprobs
 
 
@@ -219,14 +220,17 @@ def sft_loss(model: Qwen3, batch: dict[str, jax.Array], chunk: int = 512) -> tup
 
 
 def make_sft_step(graphdef: nnx.GraphDef, optimizer: optax.GradientTransformation,
-                  chunk: int = 512) -> Callable[..., tuple[Any, Any, dict[str, jax.Array]]]:
+                  chunk: int = 512, compute: Any = None
+                  ) -> Callable[..., tuple[Any, Any, dict[str, jax.Array]]]:
     """A jitted ``step(params, opt_state, batch) -> (params, opt_state, metrics)``.
 
-    ``params`` is the ``nnx.State`` from ``nnx.split(model)``. A non-finite loss or gradient norm leaves
-    params and optimizer state unchanged (``metrics['skipped'] == 1``).
+    ``params`` is the ``nnx.State`` from ``nnx.split(model)``, or its float32 masters with ``compute`` the
+    model's own shapes and dtypes (retrojax.learn.precision: the loss casts the masters down). A non-finite
+    loss or gradient norm leaves params and optimizer state unchanged (``metrics['skipped'] == 1``).
     """
 
     def loss_fn(params, batch):
+        params = params if compute is None else cast_like(params, compute)
         loss, count = sft_loss(nnx.merge(graphdef, params), batch, chunk)
         return loss, count
 
@@ -296,7 +300,7 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
               progress: Callable[[int, dict[str, float]], None] | None = None,
               layout: str = "tree", check_steps: Container[int] = (),
               stop_when: Callable[[int], bool] | None = None,
-              anneal_steps: int = 0) -> list[dict[str, float]]:
+              anneal_steps: int = 0, master_dtype: str = "float32") -> list[dict[str, float]]:
     """Run up to ``steps`` SFT updates on ``model`` in place; returns per-step metrics (host floats).
 
     ``progress(step, metrics)`` is called after each step (e.g. to advance a progress bar). ``layout``
@@ -309,6 +313,9 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
     warmup, and each check judges a branch whose rate falls linearly to 10% over ``anneal_steps`` more steps;
     the run ends on the first branch judged good (or on a branch annealed after ``steps``), and the branches
     judged not good are dropped.
+
+    ``master_dtype`` (``learn.master_dtype``): float32 keeps float32 master weights and AdamW moments beside a
+    bfloat16 model (retrojax.learn.precision); the model receives its weights in its own dtype.
     """
     if steps <= 0 or batch_size <= 0:
         raise ValueError(f"steps and batch_size must be positive, got {steps}, {batch_size}")
@@ -319,9 +326,15 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
     stable = stop_when is not None and anneal_steps > 0
     optimizer = (make_stable_optimizer(weight_decay, max_grad_norm) if stable
                  else make_optimizer(learning_rate, steps, warmup_steps, weight_decay, max_grad_norm))
-    graphdef, params = nnx.split(model)
+    graphdef, state = nnx.split(model)
+    compute = dtypes_of(state)
+    params = master_copy(state, master_dtype)
+    del state
     opt_state = optimizer.init(params)
-    step_fn = make_sft_step(graphdef, optimizer, chunk)
+    step_fn = make_sft_step(graphdef, optimizer, chunk, compute)
+
+    def publish(p: Any) -> None:  # the model gets the weights in its own dtype
+        nnx.update(model, cast_like(p, compute))
     batches = iterate_batches(examples, batch_size, buckets, np.random.default_rng(seed))
 
     def advance(p: Any, o: Any, i: int, rate: float | None) -> tuple[Any, Any, dict[str, float]]:
@@ -352,12 +365,12 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
         if stop_when is None or i + 1 >= steps or i + 1 not in check_steps:
             continue
         if not stable:
-            nnx.update(model, params)
+            publish(params)
             if stop_when(i + 1):
                 break
             continue
         branch, records = annealed(params, opt_state, i + 1)
-        nnx.update(model, branch)
+        publish(branch)
         if stop_when(i + 1 + anneal_steps):
             params, history = branch, history + records
             break
@@ -365,7 +378,7 @@ def train_sft(model: Qwen3, examples: Sequence[Example], *, steps: int, batch_si
         if stable:  # no check passed: end on an annealed branch too
             params, records = annealed(params, opt_state, steps)
             history += records
-    nnx.update(model, params)
+    publish(params)
     return history
 
 

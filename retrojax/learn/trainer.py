@@ -35,7 +35,6 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from retrojax.agent.archive import Archive
 from retrojax.learn.advantages import advantages_from_config
@@ -43,7 +42,9 @@ from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
 from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
 from retrojax.learn.diagnostics import update_diagnostics
+from retrojax.learn.loss import merge_params
 from retrojax.learn.pool import BadPool, check_lengths, rl_pool
+from retrojax.learn.precision import cast_like, check_master_dtype, dtypes_of, master_copy
 from retrojax.learn.update import LogProbs, Update, make_optimizer
 from retrojax.model.lora import base_pointer, join_params, lora_plan, split_params
 from retrojax.parallel.distributed import is_writer
@@ -161,6 +162,10 @@ def validate_learn_config(lc: Any) -> None:
     lora = getattr(lc, "lora", None)
     if lora is not None and lora.rank > 0 and lora.dropout > 0:
         problems.append("learn.lora.dropout > 0: the RL update draws no dropout key per step yet; use 0")
+    try:
+        check_master_dtype(lc.master_dtype)
+    except ValueError as e:
+        problems.append(str(e))
     if lc.clip_eps <= 0 or (lc.clip_eps_high is not None and lc.clip_eps_high <= 0):
         problems.append("learn.clip_eps (and clip_eps_high) must be > 0")
     if problems:
@@ -198,7 +203,10 @@ class Trainer:
         if not self.pool:
             raise ValueError("the RL pool is empty")
         # With LoRA adapters (retrojax.model.lora) params are the adapters and self.frozen the base
-        self.graphdef, self.template, params, self.frozen = split_params(model)
+        self.graphdef, self.template, model_params, self.frozen = split_params(model)
+        # float32 masters of the trainable weights (retrojax.learn.precision); the loss casts them down
+        params = master_copy(model_params, self.learn.master_dtype)
+        self._model_shapes = dtypes_of(join_params(model_params, self.frozen))  # what the sampler gets
         # The schedule counts optimizer steps: one per minibatch per epoch of every update.
         self.schedule_steps = max(1, self.learn.updates * self.learn.epochs * self.learn.minibatches)
         self.tx, self.schedule = make_optimizer(self.learn, self.schedule_steps)
@@ -225,7 +233,7 @@ class Trainer:
             self.opt_state = init_optimizer(self.tx, self.params, self.plan)
         # The frozen reference: the KL penalty's anchor, and the diag/kl_ref figure (learn.track_kl_ref).
         keep_ref = self.learn.kl_coef > 0 or getattr(self.learn, "track_kl_ref", False)
-        self.ref_params = jax.tree.map(jnp.copy, params) if keep_ref else None
+        self.ref_params = jax.tree.map(jnp.copy, model_params) if keep_ref else None  # the model's dtype
         self.iteration = 0
         self.optimizer_steps = 0
         self.key = jax.random.PRNGKey(cfg.run.seed)
@@ -243,7 +251,7 @@ class Trainer:
         On a mesh: the rollout-profile weights (tp only, so decoding all-gathers no weight per token), on
         this process's own devices — one sampler replica per host, synced here after every update.
         """
-        params = join_params(self.params, self.frozen)
+        params = cast_like(join_params(self.params, self.frozen), self._model_shapes)
         if self.plan is not None:
             from retrojax.parallel.mesh import local_mesh
             from retrojax.parallel.shard import place_params, to_local
@@ -255,16 +263,15 @@ class Trainer:
         return self._merge(params)
 
     def _merge(self, params: Any) -> Any:
-        state = jax.tree.map(lambda x: x, self.template)
-        nnx.replace_by_pure_dict(state, params)
-        return nnx.merge(self.graphdef, state)
+        """The nnx module of a pure params dict, in the model's dtype (masters cast down)."""
+        return merge_params(self.graphdef, self.template, params)
 
     def export(self, path: str | Path) -> Path:
         """Write the current policy as a Hugging Face checkpoint directory, or for a LoRA policy a PEFT
         adapter directory (process 0 writes)."""
         from retrojax.model.peft import save_policy
 
-        params = join_params(self.params, self.frozen)
+        params = cast_like(join_params(self.params, self.frozen), self._model_shapes)
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 

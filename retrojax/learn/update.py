@@ -273,11 +273,14 @@ def make_update(model: nnx.Module, learn_cfg: Any, total_steps: int, mesh: Any =
     """(update, params, opt_state) for ``model`` under a ``LearnConfig``; on ``mesh``, placed by its plan.
 
     A model with LoRA adapters (retrojax.model.lora) trains only them: ``params`` are the adapters and the
-    update holds the frozen base.
+    update holds the frozen base. ``params`` are float32 masters unless ``learn_cfg.master_dtype`` is
+    ``model`` (retrojax.learn.precision).
     """
+    from retrojax.learn.precision import master_copy
     from retrojax.model.lora import lora_plan, split_params
 
     graphdef, template, params, frozen = split_params(model)
+    params = master_copy(params, getattr(learn_cfg, "master_dtype", "float32"))  # the loss casts them down
     tx, _ = make_optimizer(learn_cfg, total_steps)
     plan = None
     if mesh is not None:

@@ -243,7 +243,8 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
                                 learning_rate=s.learning_rate, seed=cfg.run.seed, warmup_steps=s.warmup_steps,
                                 max_grad_norm=cfg.learn.max_grad_norm, pad_id=pad, progress=advance,
                                 buckets=buckets, chunk=chunk, layout=layout, check_steps=checks,
-                                stop_when=reached if len(checks) else None, anneal_steps=s.check_anneal)
+                                stop_when=reached if len(checks) else None, anneal_steps=s.check_anneal,
+                                master_dtype=cfg.learn.master_dtype)
     finally:
         if bar is not None:
             bar.close()

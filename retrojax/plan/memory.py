@@ -147,6 +147,7 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
     """Per-device bytes of the update (and optionally the log-prob pass) for one variant (compile-only)."""
     import jax
 
+    from retrojax.learn.precision import master_copy
     from retrojax.learn.update import LogProbs, Update, make_optimizer
     from retrojax.model.lora import lora_plan, split_params
     from retrojax.parallel.rules import activation_sharding
@@ -154,7 +155,9 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
 
     model = abstract_model(shapes, remat, lora)
     tx, _ = make_optimizer(cfg.learn, 100)
-    graphdef, template, params, frozen = split_params(model)
+    graphdef, template, compute, frozen = split_params(model)
+    # the learner's float32 masters (learn.master_dtype; retrojax.learn.precision) and the optimizer over them
+    params = master_copy(compute, getattr(cfg.learn, "master_dtype", "float32"))
     plan = None
     if mesh is not None and mesh.devices.size > 1:
         plan = lora_plan(make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict, tx), model, tx)
@@ -173,15 +176,20 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
     with upd._context():
         grad_step = upd._accumulate.lower(params, acc, batch, frozen).compile()
         opt_step = upd._apply.lower(params, opt, acc).compile()
+    compute_bytes = shard_bytes(_with_shardings(compute, None if plan is None else plan.params))
+    masters = shard_bytes(params) - compute_bytes
     out = {
         "params": float(shard_bytes(params) + (0 if frozen is None else shard_bytes(frozen))),
         "trainable": float(shard_bytes(params)),
+        # with masters wider than the model: the model-dtype copy the sampler decodes with, beside them
+        "compute_copy": float(compute_bytes if masters > 0 else 0),
         "opt": float(shard_bytes(opt)),
         "grads": float(shard_bytes(acc["grads"])),
         "act": float(_temp(grad_step)),
         "opt_step_temp": float(_temp(opt_step)),
         "rows": float(rows),
     }
+    out["params"] += out["compute_copy"]
     out["update"] = out["params"] + out["opt"] + out["grads"] + max(out["act"], out["opt_step_temp"])
     if logprobs:
         lp = LogProbs(graphdef, template, chunk=cfg.learn.logprob_chunk, plan=plan, frozen=frozen)

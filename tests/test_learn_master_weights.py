@@ -1,0 +1,148 @@
+"""Float32 master weights beside a bfloat16 model (retrojax.learn.precision), through the real trainer.
+
+A bfloat16 weight near 0.02 is spaced 1.2e-4 apart, so AdamW at learning rate 1e-6 stepping bfloat16 weights
+in place changes almost none of them; with float32 masters every weight with a gradient moves. Checkpoints
+hold the masters (resume is exact); the sampler and ``export`` get the model's dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from retrojax.config import from_dict
+from retrojax.learn import sft
+from retrojax.learn.precision import cast_like, master_copy
+from retrojax.learn.synthetic import synthetic_archive
+from retrojax.learn.trainer import Trainer
+from retrojax.model import Qwen3, Qwen3Config
+
+MICRO = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256)
+
+
+def collect(model, tasks, seeds):
+    """Trials whose tokens and rewards follow from the seeds alone."""
+    arch = synthetic_archive(np.random.default_rng(list(seeds)), tasks=len(tasks), trials=2,
+                             vocab=MICRO.vocab_size, segments=2, decisions=2, prompt_len=20, turn_len=4,
+                             output_len=6)
+    for rec in [*arch.calls, *arch.segments, *arch.recoveries, *arch.trials]:
+        rec.task = int(tasks[rec.task])
+    return arch, {"trials": float(len(arch.trials))}
+
+
+def bf16_trainer(out_dir, **learn) -> Trainer:
+    cfg = from_dict({
+        "model": {"dtype": "bfloat16"},
+        "learn": {"updates": 2, "tasks_per_update": 2, "seq_buckets": [48], "max_batch_tokens": 48 * 16,
+                  "learning_rate": 1e-6, "logprob_chunk": 16, "check_logprobs": False, **learn},
+        "eval": {"every": -1},
+        "run": {"out_dir": str(out_dir), "seed": 3},
+    })
+    model = Qwen3(MICRO, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    return Trainer(cfg, model, collect=collect, evaluate=None, num_tasks=4, tensorboard=False, progress=False)
+
+
+def changed_fraction(before, after) -> float:
+    flat_a = np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(before)])
+    flat_b = np.concatenate([np.asarray(x, np.float32).ravel() for x in jax.tree.leaves(after)])
+    return float(np.mean(flat_a != flat_b))
+
+
+def test_a_bfloat16_model_at_lr_1e6_moves_its_float32_masters(tmp_path):
+    t = bf16_trainer(tmp_path / "master")
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(t.params))
+    before = jax.tree.map(np.asarray, t.params)
+    t.fit(1)
+    moments = [x for x in jax.tree.leaves(t.opt_state) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert all(x.dtype == jnp.float32 for x in moments)
+    moved = changed_fraction(before, t.params)
+    assert moved > 0.5, moved  # every weight with a nonzero gradient takes a ~1e-6 step
+    policy = t.model()  # what the sampler decodes with: the model's dtype
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(nnx.state(policy, nnx.Param)))
+    t.close()
+
+    # The same run stepping the bfloat16 weights in place: the steps round away.
+    m = bf16_trainer(tmp_path / "model", master_dtype="model")
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(m.params))
+    before = jax.tree.map(np.asarray, m.params)
+    m.fit(1)
+    assert changed_fraction(before, m.params) < 0.05
+    m.close()
+
+
+def test_bfloat16_resume_is_exact_and_export_writes_the_model_dtype(tmp_path):
+    full = bf16_trainer(tmp_path / "full")
+    full.fit()
+    reference = jax.tree.map(np.asarray, full.params)
+    full.close()
+    killed = bf16_trainer(tmp_path / "resumed")
+    killed.fit(2, stop_after=1)
+    killed.close()
+    resumed = bf16_trainer(tmp_path / "resumed")
+    resumed.fit(resume=True)
+    for x, y in zip(jax.tree.leaves(reference), jax.tree.leaves(resumed.params), strict=True):
+        assert y.dtype == jnp.float32
+        np.testing.assert_array_equal(x, np.asarray(y))
+    out = resumed.export(tmp_path / "policy")
+    resumed.close()
+    from retrojax.model.checkpoint import from_pretrained
+
+    loaded = from_pretrained(out, dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(loaded.embed[...]),
+                                  reference["embed"].astype(jnp.bfloat16).astype(np.float32))
+
+
+def test_master_dtype_is_validated(tmp_path):
+    with pytest.raises(ValueError, match="master_dtype"):
+        bf16_trainer(tmp_path, master_dtype="float16")
+
+
+def test_master_copy_upcasts_only_narrow_floats():
+    tree = {"w": jnp.ones((2,), jnp.bfloat16), "h": jnp.ones((2,), jnp.float16),
+            "f": jnp.ones((2,), jnp.float32), "i": jnp.ones((2,), jnp.int32),
+            "a": jax.ShapeDtypeStruct((3,), jnp.bfloat16)}
+    up = master_copy(tree)
+    assert {k: v.dtype for k, v in up.items()} == {"w": jnp.float32, "h": jnp.float32, "f": jnp.float32,
+                                                    "i": jnp.int32, "a": jnp.float32}
+    assert master_copy(tree, "model") is tree
+    down = cast_like({k: v for k, v in up.items() if k != "a"}, {k: v for k, v in tree.items() if k != "a"})
+    assert {k: v.dtype for k, v in down.items()} == {"w": jnp.bfloat16, "h": jnp.float16, "f": jnp.float32,
+                                                      "i": jnp.int32}
+
+
+def test_sft_on_a_bfloat16_model_keeps_float32_masters():
+    """A bfloat16 model's SFT at a tiny rate: the model's weights move (float32 masters accumulate the steps
+    and the model gets them cast down), where stepping bfloat16 in place would leave them unchanged."""
+    rng = np.random.default_rng(0)
+    examples = [sft.Example(ids=rng.integers(2, 60, 24).astype(np.int32), own=np.arange(24) >= 12)
+                for _ in range(8)]
+    moved = {}
+    for master in ("float32", "model"):
+        model = Qwen3(MICRO, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+        before = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+        sft.train_sft(model, examples, steps=40, batch_size=4, learning_rate=1e-5, warmup_steps=0, chunk=16,
+                      master_dtype=master)
+        after = nnx.state(model, nnx.Param)
+        assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(after))
+        moved[master] = changed_fraction(before, after)
+    assert moved["float32"] > 2 * moved["model"], moved
+
+
+def test_the_plan_counts_float32_masters():
+    from retrojax.plan.memory import plan_update, shapes_from_config
+
+    base = from_dict({"model": {"preset": "tiny", "dtype": "bfloat16"},
+                      "learn": {"seq_buckets": [64], "max_batch_tokens": 128}, "sampler": {"max_len": 64}})
+    shapes = shapes_from_config(base)
+    f32 = plan_update(base, shapes, None, remat=False, lora=None)
+    low = plan_update(dataclasses.replace(base, learn=dataclasses.replace(base.learn, master_dtype="model")),
+                      shapes, None, remat=False, lora=None)
+    assert f32["trainable"] == pytest.approx(2 * low["trainable"])
+    assert f32["opt"] == pytest.approx(2 * low["opt"], rel=0.01)
+    assert f32["grads"] == pytest.approx(2 * low["grads"])
