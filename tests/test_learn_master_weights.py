@@ -146,3 +146,24 @@ def test_the_plan_counts_float32_masters():
     assert f32["trainable"] == pytest.approx(2 * low["trainable"])
     assert f32["opt"] == pytest.approx(2 * low["opt"], rel=0.01)
     assert f32["grads"] == pytest.approx(2 * low["grads"])
+
+
+@pytest.mark.slow
+def test_the_learner_learns_with_a_bfloat16_model(tmp_path):
+    """The whole stack (sampler, T@3 trial loop, SA-GRPO, update) on a bfloat16 model with float32 masters:
+    the rewarded action becomes likely, as it does in float32 (tests/test_learner_learns.py)."""
+    from test_learner_learns import MICRO as WORD_MICRO
+    from test_learner_learns import Collect, WordTokenizer, config, p_right
+
+    cfg = config("sa_grpo", tmp_path)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
+    model = Qwen3(WORD_MICRO, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    start = p_right(model, cfg)
+    trainer = Trainer(cfg, model, WordTokenizer(), collect=Collect(cfg), num_tasks=4, tensorboard=False,
+                      progress=False)
+    history = trainer.fit()
+    end = p_right(trainer.model(), cfg)
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(trainer.params))
+    assert start < 0.2, start
+    assert end > start + 0.3, (start, end, [h.get("train/loss") for h in history])
+    trainer.close()
