@@ -75,6 +75,10 @@ class SamplerConfig:
     # buckets) instead of every cache row: a tick's few reflections no longer pay for all rows. Sampled
     # replies draw other random numbers than with it off (greedy ones are the same)
     row_buckets: bool = False
+    # ours: paged | dense. paged: keys/values in a pool of fixed-size pages, a page table per row, a task's
+    # shared prompt pages stored once (retrojax.sampling.pages, docs/paged-cache.md); dense: max_len slots per
+    # row. The same tokens and log-probs either way
+    kv: str = "dense"
 
 
 @dataclasses.dataclass(frozen=True)

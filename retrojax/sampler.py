@@ -33,6 +33,17 @@ until ``update_model``): a matmul on CPU cannot read a slice of the stacked weig
 step (a layer scan) or per call (page faults on a fresh copy) cost more than the decode itself at real widths.
 The price is one more copy of the layer weights in memory while the sampler holds them.
 
+Paged keys/values (``kv="paged"``; :mod:`retrojax.sampling.pages`, docs/paged-cache.md): instead of
+``rows`` × ``max_len`` slots, one pool of fixed-size pages and a page table per row. A row takes pages as it
+grows and returns them when it rewinds past them or resets (a rewind truncates the page table, keeping the
+partially used last page); rows whose conversations start with the same full pages (the trials of one task, a
+server's requests with one system prompt) hold those pages once, and a write into a shared page copies it
+first. The tokens, log-probs and programs are those of the dense cache: attention gathers each row's pages
+into the dense window's layout. When a call needs more pages than are free, rows outside the call are evicted
+(least recently used first: their pages go back to the pool, their conversation stays on host) and recomputed
+by a prefill when next used; a call whose own rows do not fit together runs in groups that do (recompute
+preemption: no host copy of keys/values is kept, a prefill is cheap next to a decode of the same tokens).
+
 Capacity: a row holds at most ``max_len`` tokens. ``append`` past it raises :class:`CacheOverflowError` before
 anything is written (check ``room(row)`` first); ``generate`` stops a row that fills up with finish reason
 ``length`` and says so in ``Generation.reason``.
@@ -50,10 +61,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from retrojax.model.qwen3 import KVCache, Qwen3, init_cache
-from retrojax.parallel.rules import MeshFromArgs
-from retrojax.parallel.shard import place_cache
+from retrojax.model.qwen3 import (
+    PAGE_K_AXES,
+    PAGE_V_AXES,
+    KVCache,
+    PagedKVCache,
+    Qwen3,
+    init_cache,
+    init_paged_cache,
+)
+from retrojax.parallel.rules import MeshFromArgs, partition_spec, rules_for
+from retrojax.parallel.shard import model_mesh, place_cache
 from retrojax.sampling.distribution import row_keys, sample
+from retrojax.sampling.pages import PageBook, pages_for
 from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
 from retrojax.sampling.stops import (
     StopStringTables,
@@ -66,6 +86,8 @@ from retrojax.sampling.stops import (
 __all__ = ["CacheOverflowError", "Generation", "Sampler", "SamplerError"]
 
 _WHY_LENGTH, _WHY_STOP_TOKEN, _WHY_STOP_STRING = 0, 1, 2
+_NO_WRITE = 1 << 30  # a write start past every cache and window: the row is not written
+KV_KINDS = ("paged", "dense")
 
 # How often each jitted function was traced (= compiled); tests bound it.
 TRACES: collections.Counter[str] = collections.Counter()
@@ -101,6 +123,10 @@ class Sampler:
     counts (a policy's 24-token moves and 96-token reflections) sets the largest, so they share one program
     per (rows, window). Only the buffer's size changes: the loop stops at each row's limit, so the tokens
     are the same.
+
+    ``kv``: ``"dense"`` (``rows`` × ``max_len`` slots) or ``"paged"`` (module docstring): a pool of ``pages``
+    pages of ``page_size`` slots (default: room for every row at ``max_len``, so nothing is ever evicted; at
+    least one full row) shared by the rows; a window that is not whole pages reads its last page in part.
     """
 
     def __init__(
@@ -114,6 +140,9 @@ class Sampler:
         cache_dtype: Any = None,
         min_window: int = 256,
         min_out_len: int = 16,
+        kv: str = "dense",
+        page_size: int = 64,
+        pages: int | None = None,
     ):
         self.config = model.config
         self.book = RowBook(rows, max_len, self.config.vocab_size)
@@ -127,12 +156,32 @@ class Sampler:
         self.tokenizer = tokenizer
         self._graphdef, self._state = nnx.split(model)
         self._layers: list[dict[str, jax.Array]] | None = None  # per-layer weight copies (first decode)
-        self.cache: KVCache = place_cache(init_cache(self.config, rows, max_len, cache_dtype or model.dtype),
-                                          model)  # on a mesh: rows over data×fsdp, kv heads over tp
+        if kv not in KV_KINDS:
+            raise SamplerError(f"kv must be one of {KV_KINDS}, got {kv!r}")
+        self.kv = kv
+        self.paged: PageBook | None = None
+        if kv == "paged":
+            if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+                raise SamplerError(f"page_size must be a positive int, got {page_size!r}")
+            per_row = pages_for(max_len, page_size)
+            pages = rows * per_row + 1 if pages is None else int(pages)
+            if pages < per_row + 1:
+                raise SamplerError(f"pages={pages}: the pool must hold one full row ({per_row} pages of "
+                                   f"{page_size} slots) and the null page")
+            self.paged = PageBook(rows, pages, page_size, per_row)
+            self.cache: KVCache | PagedKVCache = _place_pages(
+                init_paged_cache(self.config, pages, page_size, cache_dtype or model.dtype), model)
+        else:
+            self.cache = place_cache(init_cache(self.config, rows, max_len, cache_dtype or model.dtype),
+                                     model)  # on a mesh: rows over data×fsdp, kv heads over tp
+        self._last_use = np.zeros((rows,), np.int64)  # paged: each row's last call (eviction order)
+        self._lost = np.zeros((rows,), np.int64)  # paged: slots an eviction dropped (recomputed on next use)
+        self._calls = 0
         self._stop_tables: StopStringTables | None = None
         self._device_tables: dict[tuple[str, ...], tuple[jax.Array, jax.Array]] = {}
         self.stats = {"prefill_tokens": 0, "prefill_calls": 0, "decode_calls": 0, "decode_steps": 0,
-                      "generated_tokens": 0}
+                      "generated_tokens": 0, "shared_pages": 0, "copied_pages": 0, "evicted_rows": 0,
+                      "recomputed_tokens": 0}
 
     # --- public: sizes and bookkeeping ------------------------------------------------------------
     @property
@@ -168,6 +217,8 @@ class Sampler:
         """
         row = self.book.row(row)
         self.book.length[row] = self.book.position(row, position)
+        if self.paged is not None:  # pages past the mark go back to the pool; the last partial one stays
+            self.paged.truncate(row, max(int(self.book.length[row]) - 1, 0))
 
     def reset(self, row: int) -> None:
         """Empty ``row`` (a new conversation)."""
@@ -200,6 +251,14 @@ class Sampler:
             detail = ", ".join(f"row {r}: {n} + {k} tokens" for r, n, k in over)
             raise CacheOverflowError(f"append would exceed max_len={self.max_len} ({detail}); nothing "
                                      "written. Rewind/reset the row or use a longer cache.")
+        if self.paged is not None:
+            grown = [r for r, c in zip(rows, chunks, strict=True) if c.size]
+            for r, c in zip(rows, chunks, strict=True):
+                self.book.extend(r, c)
+                self.stats["prefill_tokens"] += int(c.size)
+            for group in self._groups(grown, {r: int(self.book.length[r]) - 1 for r in grown}):
+                self._materialize(group)
+            return
         pending: dict[int, tuple[int, np.ndarray]] = {}
         for r, c in zip(rows, chunks, strict=True):
             if c.size == 0:
@@ -233,14 +292,29 @@ class Sampler:
         rows = self._nonempty_rows(rows, "next_logits")
         if not rows:
             return np.zeros((0, self.config.vocab_size), np.float32)
+        if self.paged is not None:
+            out: dict[int, np.ndarray] = {}
+            for group in self._groups(rows, {r: int(self.book.length[r]) for r in rows}):
+                self._materialize(group)
+                self._copy_pages([c for r in group for c in self.paged.reserve(r, int(self.book.length[r]))])
+                logits = self._next_logits_rows(group)
+                for r in group:
+                    out[r] = logits[r]
+                    self.paged.trim(r)  # the pending token's slot was written, not kept: it stays pending
+            return np.stack([out[r] for r in rows])
+        return self._next_logits_rows(rows)[rows]
+
+    def _next_logits_rows(self, rows: list[int]) -> np.ndarray:
+        """Logits [self.rows, V] of the listed rows' pending tokens (one device call; other rows: garbage)."""
         tok = np.zeros((self.rows,), dtype=np.int32)
         pos = np.full((self.rows,), self.max_len, dtype=np.int32)
         for r in rows:
             pos[r] = self.book.length[r] - 1
             tok[r] = self.book.tokens[r, pos[r]]
+        window = self._window(int(pos[rows].max()) + 1)
         logits, self.cache = _next_logits(self._graphdef, self._state, self.cache, jnp.asarray(tok),
-                                          jnp.asarray(pos), window=self._window(int(pos[rows].max()) + 1))
-        return np.asarray(logits)[rows]
+                                          jnp.asarray(pos), self._pages(window), window=window)
+        return np.asarray(logits)
 
     def generate(
         self,
@@ -298,20 +372,169 @@ class Sampler:
         out_len = pow2_at_least(max(limits), max(16, self.min_out_len))
         window = self._window(max(int(pos[r] + max(limit[r], 1)) for r in rows))
 
-        out_ids, out_lp, count, why, steps = self._run_decode(
-            {"tok": tok, "pos": pos, "limit": limit, "applies": applies, "temperature": temperature,
-             "top_p": top_p, "top_k": top_k},
-            stop_id_arr, table, table_lens, key, out_len=out_len, window=window)
-        self.stats["decode_calls"] += 1
-        self.stats["decode_steps"] += int(steps)
-        return [self._finish_row(r, out_ids[r, : count[r]], out_lp[r, : count[r]], int(why[r]), lim, strings)
+        per_row = {"tok": tok, "pos": pos, "limit": limit, "applies": applies, "temperature": temperature,
+                   "top_p": top_p, "top_k": top_k}
+        if self.paged is None:
+            out_ids, out_lp, count, why, steps = self._run_decode(
+                per_row, stop_id_arr, table, table_lens, key, out_len=out_len, window=window)
+            self.stats["decode_calls"] += 1
+            self.stats["decode_steps"] += int(steps)
+        else:
+            out_ids, out_lp, count, why = self._decode_paged(
+                rows, per_row, stop_id_arr, table, table_lens, key, out_len=out_len)
+        gens = [self._finish_row(r, out_ids[r, : count[r]], out_lp[r, : count[r]], int(why[r]), lim, strings)
                 for r, lim, strings in zip(rows, limits, row_strings, strict=True)]
+        if self.paged is not None:
+            for r in rows:  # a reply cut on host (stop string) holds keys/values past its conversation
+                self.paged.truncate(r, int(self.book.length[r]) - 1)
+        return gens
+
+    # --- paged keys/values ----------------------------------------------------------------------------
+    def _decode_paged(self, rows: list[int], per_row: dict[str, np.ndarray], stop_ids: np.ndarray,
+                      table: jax.Array, table_lens: jax.Array, key: jax.Array, *, out_len: int) -> tuple:
+        """``generate``'s decode over pages: each group of rows that fits the pool gets its conversation's
+        keys and values (recomputed if evicted) and pages for every token it may write, then decodes. A row's
+        draws depend on (key, step, row) only, so groups give the tokens one call would."""
+        pos, limit = per_row["pos"], per_row["limit"]
+        out_ids = np.zeros((self.rows, out_len), np.int32)
+        out_lp = np.zeros((self.rows, out_len), np.float32)
+        count = np.zeros((self.rows,), np.int32)
+        why = np.zeros((self.rows,), np.int32)
+        for group in self._groups(rows, {r: int(pos[r] + limit[r]) for r in rows}):
+            self._materialize(group)
+            self._copy_pages([c for r in group for c in self.paged.reserve(r, int(pos[r] + limit[r]))])
+            sub = dict(per_row)
+            sub["limit"] = np.zeros_like(limit)
+            sub["limit"][group] = limit[group]
+            window = self._window(max(int(pos[r] + max(limit[r], 1)) for r in group))
+            ids, lp, n, w, steps = self._run_decode(sub, stop_ids, table, table_lens, key, out_len=out_len,
+                                                    window=window)
+            self.stats["decode_calls"] += 1
+            self.stats["decode_steps"] += int(steps)
+            for r in group:
+                out_ids[r], out_lp[r], count[r], why[r] = ids[r], lp[r], n[r], w[r]
+                tokens = np.concatenate([self.book.tokens[r, : int(self.book.length[r])], ids[r, : n[r]]])
+                self.paged.wrote(r, int(pos[r] + n[r]), tokens)
+                self.paged.trim(r)
+        return out_ids, out_lp, count, why
+
+    def _groups(self, rows: list[int], slots: dict[int, int]):
+        """Yield ``rows`` in groups whose pages (``slots[r]`` slots each) fit the pool together, making room
+        for each group first. Rows evicted for room, in order: rows outside the call (least recently used
+        first), rows of this call already served, rows still to come (last first); their conversations stay
+        on host and are recomputed when next used."""
+        pb = self.paged
+        todo, done = list(rows), []
+        while todo:
+            group: list[int] = []
+            promised = 0
+            for r in todo:
+                need = pb.new_pages_for(r, slots[r])
+                if not self._make_room(promised + need, set(group) | {r}, rows, done, todo):
+                    break
+                group.append(r)
+                promised += need
+            if not group:  # cannot happen: the pool holds one full row (checked in __init__)
+                raise SamplerError(f"row {todo[0]} does not fit the page pool ({pb.pages} pages)")
+            self._calls += 1
+            self._last_use[group] = self._calls
+            yield group
+            done += group
+            todo = [r for r in todo if r not in group]
+
+    def _make_room(self, need: int, keep: set[int], call: list[int], done: list[int],
+                   todo: list[int]) -> bool:
+        """Evict rows (see ``_groups``) until ``need`` pages are free; False if it cannot."""
+        pb = self.paged
+        if pb.free >= need:
+            return True
+        in_call = set(call)
+        outside = sorted((r for r in range(self.rows) if r not in in_call and pb.count[r]),
+                         key=lambda r: self._last_use[r])
+        for r in [*outside, *done, *reversed(todo)]:
+            if r in keep or not pb.count[r]:
+                continue
+            self._lost[r] = max(int(self._lost[r]), int(pb.kv_len[r]))
+            pb.truncate(r, 0)
+            self.stats["evicted_rows"] += 1
+            if pb.free >= need:
+                return True
+        return False
+
+    def _materialize(self, rows: list[int]) -> None:
+        """Give every listed row the keys/values of its conversation but the pending last token: share indexed
+        pages of the same prefix, then prefill the rest in chunk buckets. Rows that share pages another listed
+        row is still writing wait for them (a row's own pages are written before any row reads them)."""
+        pb = self.paged
+        target = {r: max(int(self.book.length[r]) - 1, 0) for r in rows}
+        work: dict[int, int] = {}
+        deps: dict[int, set[int]] = {}
+        claimed: list[int] = []
+        copies: list[tuple[int, int]] = []
+        for r in rows:
+            pb.truncate(r, target[r])
+            if pb.kv_len[r] >= target[r]:
+                continue
+            tokens = self.book.tokens[r]
+            taken = pb.share(r, tokens, target[r])
+            self.stats["shared_pages"] += len(taken)
+            deps[r] = set(taken) & pb.pending
+            if pb.kv_len[r] < target[r]:
+                copies += pb.reserve(r, target[r])
+                claimed += pb.claim(r, target[r], tokens)
+                work[r] = int(pb.kv_len[r])
+                self.stats["recomputed_tokens"] += max(min(int(self._lost[r]), target[r]) - work[r], 0)
+            self._lost[r] = 0
+        self._copy_pages(copies)
+        try:
+            while work:
+                ready = [r for r in work if not deps.get(r, set()) & pb.pending]
+                if not ready:
+                    raise SamplerError("paged prefill: rows wait on pages no listed row writes")
+                width = bucket_for(max(target[r] - work[r] for r in ready), self.buckets)
+                ids = np.zeros((self.rows, width), dtype=np.int32)
+                write_start = np.full((self.rows,), self.max_len, dtype=np.int32)
+                reach = 1
+                for r in ready:
+                    part = self.book.tokens[r, work[r] : min(work[r] + width, target[r])]
+                    ids[r, : part.size] = part
+                    write_start[r] = work[r]
+                    reach = max(reach, work[r] + part.size)
+                self._run_prefill(ids, write_start, self._window(reach))
+                self.stats["prefill_calls"] += 1
+                for r in ready:
+                    work[r] = min(work[r] + width, target[r])
+                    pb.wrote(r, work[r], self.book.tokens[r])
+                    if work[r] >= target[r]:
+                        del work[r]
+        except BaseException:
+            pb.drop_pending(claimed)
+            for r in rows:  # keys/values the failed calls were to write are not there
+                pb.truncate(r, 0 if r in work or deps.get(r) else int(pb.kv_len[r]))
+            raise
+
+    def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write on device: page ``src`` to page ``dst`` for each pair (padded to a power of two)."""
+        if not copies:
+            return
+        n = pow2_at_least(len(copies), 1)
+        src = np.zeros((n,), np.int32)
+        dst = np.full((n,), self.paged.pages, np.int32)  # padding: out of the pool, dropped
+        src[: len(copies)], dst[: len(copies)] = zip(*copies, strict=True)
+        self.cache = _copy_pages(self.cache, jnp.asarray(src), jnp.asarray(dst))
+        self.stats["copied_pages"] += len(copies)
+
+    def _pages(self, window: int) -> jax.Array | None:
+        """The rows' page tables over ``window`` slots (paged), else None."""
+        if self.paged is None:
+            return None
+        return jnp.asarray(self.paged.table[:, : pages_for(window, self.paged.page_size)])
 
     # --- device calls (a subclass may run them on a subset of the rows, e.g. retrojax.serve.batching) ----
     def _run_prefill(self, ids: np.ndarray, write_start: np.ndarray, window: int) -> None:
         """Prefill ``ids`` [rows, width] at ``write_start`` [rows] (``max_len``: row untouched)."""
         self.cache = _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids),
-                              jnp.asarray(write_start), window=window)
+                              jnp.asarray(write_start), self._pages(window), window=window)
 
     def _run_decode(self, per_row: dict[str, np.ndarray], stop_ids: np.ndarray, table: jax.Array,
                     table_lens: jax.Array, key: jax.Array, *, out_len: int, window: int) -> tuple:
@@ -322,7 +545,7 @@ class Sampler:
         self.cache, out_ids, out_lp, count, why, steps = _decode(
             self._graphdef, self._state, self._layer_weights(), self.cache, a["tok"], a["pos"], a["limit"],
             jnp.asarray(stop_ids), table, table_lens, a["applies"], a["temperature"], a["top_p"], a["top_k"],
-            key, out_len=out_len, window=window)
+            key, self._pages(window), out_len=out_len, window=window)
         return (*(np.asarray(x) for x in (out_ids, out_lp, count, why)), steps)
 
     # --- host-side functions --------------------------------------------------------------------------
@@ -465,30 +688,33 @@ class Sampler:
 
 
 # --- device functions ----------------------------------------------------------------------------
-def _prefill_impl(graphdef, state, cache: KVCache, ids: jax.Array, write_start: jax.Array, *,
-                  window: int) -> KVCache:
-    """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start == max_len: row untouched)."""
+def _prefill_impl(graphdef, state, cache: KVCache | PagedKVCache, ids: jax.Array, write_start: jax.Array,
+                  pages: jax.Array | None = None, *, window: int) -> KVCache | PagedKVCache:
+    """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start >= window: row untouched);
+    ``pages``: the rows' page tables when ``cache`` is a page pool."""
     TRACES["prefill"] += 1
     model = nnx.merge(graphdef, state)
     positions = write_start[:, None] + jnp.arange(ids.shape[1], dtype=jnp.int32)[None]
-    _, cache = model.hidden_cached(ids, positions, cache, write_start, window)
+    _, cache = model.hidden_cached(ids, positions, cache, write_start, window, pages=pages)
     return cache
 
 
-def _next_logits_impl(graphdef, state, cache: KVCache, tok: jax.Array, pos: jax.Array, *, window: int):
+def _next_logits_impl(graphdef, state, cache: KVCache | PagedKVCache, tok: jax.Array, pos: jax.Array,
+                      pages: jax.Array | None = None, *, window: int):
     """Feed each row's pending token (write_start == max_len: row untouched) and return its logits."""
     TRACES["next_logits"] += 1
     model = nnx.merge(graphdef, state)
-    hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos, window)
+    hidden, cache = model.hidden_cached(tok[:, None], pos[:, None], cache, pos, window, pages=pages)
     return model.project(hidden[:, 0]), cache
 
 
-def _decode_impl(graphdef, state, layers, cache: KVCache, tok, pos, limit, stop_ids, table, table_lens,
-                 applies, temperature, top_p, top_k, key, *, out_len: int, window: int):
+def _decode_impl(graphdef, state, layers, cache: KVCache | PagedKVCache, tok, pos, limit, stop_ids, table,
+                 table_lens, applies, temperature, top_p, top_k, key, pages=None, *, out_len: int,
+                 window: int):
     """The whole decode: one ``lax.while_loop`` over steps, all rows in lockstep, finished rows frozen."""
     TRACES["decode"] += 1
     model = nnx.merge(graphdef, state)
-    rows, slots = tok.shape[0], cache.slots
+    rows = tok.shape[0]
     n_strings = table.shape[0]
     string_idx = jnp.arange(n_strings)[None, :]
 
@@ -497,9 +723,9 @@ def _decode_impl(graphdef, state, layers, cache: KVCache, tok, pos, limit, stop_
 
     def body(c):
         live = ~c["done"]
-        write = jnp.where(live, c["pos"], slots)
+        write = jnp.where(live, c["pos"], _NO_WRITE)
         hidden, new_cache = model.hidden_cached(c["tok"][:, None], c["pos"][:, None], c["cache"], write,
-                                                window, layers)
+                                                window, layers, pages)
         logits = model.project(hidden[:, 0])
         new_tok, lp = sample(logits, row_keys(key, c["i"], rows), temperature, top_p, top_k)
         new_tok = jnp.where(live, new_tok, 0)
@@ -537,6 +763,27 @@ def _decode_impl(graphdef, state, layers, cache: KVCache, tok, pos, limit, stop_
     return c["cache"], c["ids"], c["lp"], c["count"], c["why"], c["i"]
 
 
+def _copy_pages_impl(cache: PagedKVCache, src: jax.Array, dst: jax.Array) -> PagedKVCache:
+    """Page ``src[i]`` of every layer to page ``dst[i]`` (``dst`` past the pool: dropped)."""
+    TRACES["copy_pages"] += 1
+    return PagedKVCache(k=cache.k.at[:, dst].set(cache.k[:, src], mode="drop"),
+                        v=cache.v.at[:, dst].set(cache.v[:, src], mode="drop"))
+
+
+def _place_pages(pool: PagedKVCache, model: Qwen3) -> PagedKVCache:
+    """A page pool on the model's mesh (kv heads over tp, pages replicated); identity on one device."""
+    mesh = model_mesh(model)
+    if mesh is None:
+        return pool
+    rules = rules_for("rollout")
+
+    def put(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+        spec = partition_spec(axes, x.shape, mesh, rules, what="kv pages")
+        return jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+
+    return PagedKVCache(k=put(pool.k, PAGE_K_AXES), v=put(pool.v, PAGE_V_AXES))
+
+
 def _slice_layers_impl(graphdef, state) -> list[dict[str, jax.Array]]:
     """The model's per-layer weight copies for ``_decode`` (one jit per architecture)."""
     TRACES["slice_layers"] += 1
@@ -552,3 +799,4 @@ _next_logits = MeshFromArgs(jax.jit(_next_logits_impl, static_argnums=(0,), dona
 _decode = MeshFromArgs(jax.jit(_decode_impl, static_argnums=(0,), donate_argnums=(3,),
                                static_argnames=("out_len", "window")))
 _slice_layers = jax.jit(_slice_layers_impl, static_argnums=(0,))
+_copy_pages = MeshFromArgs(jax.jit(_copy_pages_impl, donate_argnums=(0,)))

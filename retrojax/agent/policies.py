@@ -267,12 +267,13 @@ class ModelPolicy(Policy):
                  chunk_buckets: Sequence[int] = (32, 128, 512, 2048),
                  stop_strings: Sequence[str] = ("</action>",),
                  reflection_stop_strings: Sequence[str] = ("</action>",), row_buckets: bool = False,
-                 longest_reply: int = 16):
+                 longest_reply: int = 16, kv: str = "dense"):
         self.model = model
         # the longest reply any call asks for (tokens): the sampler's decode buffers are at least this long,
         # so execution and reflection calls share decode programs (each request keeps its own limit)
         self.longest_reply = int(longest_reply)
         self.row_buckets = row_buckets
+        self.kv = kv  # the sampler's key/value layout (sampler.kv: paged | dense)
         self.raw_tokenizer = tokenizer
         self.tokenizer = wrap_tokenizer(tokenizer)
         self.max_len, self.temperature, self.top_p, self.top_k = max_len, temperature, top_p, top_k
@@ -287,7 +288,8 @@ class ModelPolicy(Policy):
         s = cfg.sampler
         return cls(model, tokenizer, max_len=s.max_len, temperature=s.temperature, top_p=s.top_p,
                    top_k=s.top_k, seed=cfg.run.seed, chunk_buckets=s.chunk_buckets,
-                   row_buckets=s.row_buckets, longest_reply=max(s.max_new_tokens, s.max_reflection_tokens))
+                   row_buckets=s.row_buckets, longest_reply=max(s.max_new_tokens, s.max_reflection_tokens),
+                   kv=s.kv)
 
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         from retrojax.sampler import Sampler
@@ -299,7 +301,7 @@ class ModelPolicy(Policy):
             if self.row_buckets:  # each call decodes only its rows (sampler.row_buckets)
                 from retrojax.serve.batching import RowBucketSampler as kind
             self.sampler = kind(self.model, rows=rows, max_len=self.max_len, tokenizer=self.raw_tokenizer,
-                                chunk_buckets=self.chunk_buckets, min_out_len=self.longest_reply)
+                                chunk_buckets=self.chunk_buckets, min_out_len=self.longest_reply, kv=self.kv)
         for s in slots:
             self.sampler.reset(s)
 

@@ -237,6 +237,39 @@ def init_cache(config: Qwen3Config, batch: int, max_len: int, dtype: Any = jnp.f
     return KVCache(k=jnp.zeros(shapes.k, dtype), v=jnp.zeros(shapes.v, dtype))
 
 
+# Paged cache: one pool of fixed-size pages shared by every row; a row's conversation is the list of pages
+# in its page table (slot s of the row lives at offset s % page_size of page table[s // page_size]). Each page
+# keeps the dense cache's layout (slot minor for keys, second-minor for values), so a gathered window is the
+# dense window. Pages are replicated over the mesh's row axes; kv heads over tp.
+PAGE_K_AXES = (None, None, "act_kv_heads", None, None)  # logical axes of PagedKVCache.k
+PAGE_V_AXES = (None, None, "act_kv_heads", None, None)  # logical axes of PagedKVCache.v
+
+
+@flax.struct.dataclass
+class PagedKVCache:
+    """Per-layer keys/values in a pool of pages: k [L, P, KVH, D, page_size], v [L, P, KVH, page_size, D]."""
+
+    k: jax.Array
+    v: jax.Array
+
+    @property
+    def pages(self) -> int:
+        return int(self.v.shape[1])
+
+    @property
+    def page_size(self) -> int:
+        return int(self.v.shape[3])
+
+
+def init_paged_cache(config: Qwen3Config, pages: int, page_size: int,
+                     dtype: Any = jnp.float32) -> PagedKVCache:
+    """An all-zero pool of ``pages`` pages of ``page_size`` slots (page 0 is the samplers' null page)."""
+    c = config
+    return PagedKVCache(
+        k=jnp.zeros((c.num_hidden_layers, pages, c.num_key_value_heads, c.head_dim, page_size), dtype),
+        v=jnp.zeros((c.num_hidden_layers, pages, c.num_key_value_heads, page_size, c.head_dim), dtype))
+
+
 # Logical axis names of every parameter; see checkpoint.DEFAULT_RULES for the mapping onto mesh axes.
 _LAYER_AXES: dict[str, tuple[str | None, ...]] = {
     "attn_norm": ("layers", "norm"),
@@ -555,6 +588,13 @@ def _tree_flash(qs, ks, vs, es):
 _tree_flash.defvjp(_tree_flash_fwd, _tree_flash_bwd)
 
 
+def _forest_kernel(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array) -> jax.Array:
+    """``attend_tree`` as one Pallas kernel (retrojax.kernels.forest_attention; imported on first use)."""
+    from retrojax.kernels import forest_attention
+
+    return forest_attention(q, k, v, tree_exit)
+
+
 def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     b, t, n, d = q.shape
     kvh = k.shape[2]
@@ -639,18 +679,30 @@ def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: 
     return constrain(h + _with_adapter(_project(act, p["down"]), act, p, "down"), _ACT)
 
 
+def use_pallas_attention(attention: str) -> bool:
+    """``model.attention`` on the default backend: ``pallas`` (the forest flash-attention kernel of
+    retrojax.kernels; interpret mode on CPU), ``xla`` (``attend`` / ``attend_tree``), ``auto`` (pallas on
+    gpu/tpu, xla on cpu)."""
+    if attention not in ("auto", "xla", "pallas"):
+        raise ValueError(f"model.attention must be auto | xla | pallas, got {attention!r}")
+    return attention == "pallas" or (attention == "auto" and jax.default_backend() in ("gpu", "tpu"))
+
+
 class Qwen3(nnx.Module):
     """Qwen3 causal LM. ``model(ids) -> logits``; ``hidden_cached`` for KV-cache decoding.
 
     ``remat=True`` rematerializes each layer in the backward pass (training memory ~ one layer's activations).
+    ``attention`` (``model.attention``): the attention of ``hidden`` (the learner's rows and forests; the KV
+    cache's prefill and decode keep their own), see ``use_pallas_attention``.
     """
 
     def __init__(self, config: Qwen3Config, *, dtype: Any = jnp.float32, rngs: nnx.Rngs | None = None,
-                 remat: bool = False):
+                 remat: bool = False, attention: str = "auto"):
         rngs = nnx.Rngs(0) if rngs is None else rngs
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.remat = remat
+        self.attention = attention
         values = _random_init(rngs.params(), config, self.dtype)
         self.embed = _param(values["embed"], ("vocab", "embed"))
         self.layers = Qwen3Layers(values)
@@ -713,11 +765,17 @@ class Qwen3(nnx.Module):
         positions = default_pos if positions is None else jnp.asarray(positions, jnp.int32)
         if positions.shape != (b, t):
             raise ValueError(f"positions shape {positions.shape} != input_ids shape {(b, t)}")
+        kernel = use_pallas_attention(self.attention)
+        if kernel:  # the same mask as the kernel's forest: a real key's subtree is the rest of the row
+            exits = jnp.full((b, t), t, jnp.int32)
+            if attention_mask is not None:  # a padding key is seen by nobody
+                exits = jnp.where(am, exits, jnp.arange(t, dtype=jnp.int32))
 
         def body(h, p):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
             q, k, v = _qkv(p, x, positions, c)
-            return _finish_block(p, h, attend(q, k, v, mask, causal=True), c), None
+            attn = _forest_kernel(q, k, v, exits) if kernel else attend(q, k, v, mask, causal=True)
+            return _finish_block(p, h, attn, c), None
 
         h, _ = self._scan(body, h, self.layers.arrays())
         return rms_norm(h, self.final_norm[...], c.rms_norm_eps)
@@ -735,10 +793,12 @@ class Qwen3(nnx.Module):
         if positions.shape != (b, t) or tree_exit.shape != (b, t):
             raise ValueError(f"positions {positions.shape} and tree_exit {tree_exit.shape} must be {(b, t)}")
 
+        attend_forest = _forest_kernel if use_pallas_attention(self.attention) else attend_tree
+
         def body(h, p):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
             q, k, v = _qkv(p, x, positions, c)
-            return _finish_block(p, h, attend_tree(q, k, v, tree_exit), c), None
+            return _finish_block(p, h, attend_forest(q, k, v, tree_exit), c), None
 
         h, _ = self._scan(body, h, self.layers.arrays())
         return rms_norm(h, self.final_norm[...], c.rms_norm_eps)
@@ -759,9 +819,10 @@ class Qwen3(nnx.Module):
         arrays = self.layers.arrays()
         return [{name: w[i] for name, w in arrays.items()} for i in range(self.config.num_hidden_layers)]
 
-    def hidden_cached(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache,
+    def hidden_cached(self, input_ids: jax.Array, positions: jax.Array, cache: KVCache | PagedKVCache,
                       write_start: jax.Array, window: int | None = None,
-                      layers: list[dict[str, jax.Array]] | None = None) -> tuple[jax.Array, KVCache]:
+                      layers: list[dict[str, jax.Array]] | None = None,
+                      pages: jax.Array | None = None) -> tuple[jax.Array, KVCache | PagedKVCache]:
         """Run T new tokens per row against the cache; returns final-norm hidden [B, T, H] and the new cache.
 
         Token t of row b goes to slot write_start[b] + t (slots >= S are dropped, so write_start[b] == S
@@ -776,10 +837,19 @@ class Qwen3(nnx.Module):
         Either way each layer scatters its keys/values at slot ``write_start[b] + t`` of the stacked cache
         (layout: ``KVCache``), which XLA updates in place when the cache is donated (in the scan it is loop
         carry: as scanned input/output the whole cache would be re-stacked every step).
+
+        ``pages`` (int32 [B, W]) with a :class:`PagedKVCache`: row b's slot s is offset s % page_size of
+        page ``pages[b, s // page_size]``; the row's view is W pages long (``window`` defaults to all of it).
+        Writes at slots >= the window are dropped, and each layer attends over the row's gathered pages, laid
+        out as the dense window (the same products, so the same numbers).
         """
         c = self.config
         h = self._embed(input_ids)
         b, t = input_ids.shape
+        if (pages is None) != (not isinstance(cache, PagedKVCache)):
+            raise ValueError("a PagedKVCache needs page tables (pages=), a dense KVCache none")
+        if pages is not None:
+            return self._hidden_paged(h, input_ids, positions, cache, write_start, window, layers, pages)
         if cache.v.shape[:2] != (c.num_hidden_layers, b):
             raise ValueError(f"cache shape {cache.v.shape} does not match {c.num_hidden_layers} layers, "
                              f"batch {b}")
@@ -815,6 +885,53 @@ class Qwen3(nnx.Module):
             for i, p in enumerate(layers):
                 h, ck, cv = block(h, ck, cv, p, i)
         return rms_norm(h, self.final_norm[...], c.rms_norm_eps), KVCache(k=ck, v=cv)
+
+    def _hidden_paged(self, h: jax.Array, input_ids: jax.Array, positions: jax.Array, cache: PagedKVCache,
+                      write_start: jax.Array, window: int | None, layers: list[dict[str, jax.Array]] | None,
+                      pages: jax.Array) -> tuple[jax.Array, PagedKVCache]:
+        """:meth:`hidden_cached` over a page pool (see there)."""
+        c = self.config
+        b, t = input_ids.shape
+        if layers is not None and len(layers) != c.num_hidden_layers:
+            raise ValueError(f"layers holds {len(layers)} layers' weights, the model has "
+                             f"{c.num_hidden_layers}")
+        pages = jnp.asarray(pages, jnp.int32)
+        if pages.shape[0] != b:
+            raise ValueError(f"page tables for {pages.shape[0]} rows, batch {b}")
+        ps, n_pages, kvh, d = cache.page_size, pages.shape[1], c.num_key_value_heads, c.head_dim
+        span = n_pages * ps
+        s = span if window is None else min(int(window), span)
+        positions = jnp.asarray(positions, jnp.int32)
+        slots = jnp.asarray(write_start, jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None]  # [B, T]
+        mask = jnp.arange(s, dtype=jnp.int32)[None, None, :] <= slots[:, :, None]  # [B, T, S]
+        # token t of row b -> page pages[b, slot // ps] (past the window: the pool's size, i.e. dropped)
+        page = jnp.take_along_axis(pages, jnp.clip(slots // ps, 0, n_pages - 1), axis=1)
+        page = jnp.where(slots < s, page, cache.pages)[..., None]
+        off = (slots % ps)[..., None]
+        heads = jnp.arange(kvh)[None, None]
+
+        def block(h, ck, cv, p, i):
+            x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
+            q, k, v = _qkv(p, x, positions, c)  # k, v: [B, T, KVH, D]
+            ck = constrain(ck.at[i, page, heads, :, off].set(k.astype(ck.dtype), mode="drop"), PAGE_K_AXES)
+            cv = constrain(cv.at[i, page, heads, off].set(v.astype(cv.dtype), mode="drop"), PAGE_V_AXES)
+            kt = ck[i, pages].transpose(0, 2, 3, 1, 4).reshape(b, kvh, d, span)[..., :s]  # [B, KVH, D, S]
+            vw = cv[i, pages].transpose(0, 2, 1, 3, 4).reshape(b, kvh, span, d)[:, :, :s]  # [B, KVH, S, D]
+            attn = attend(q, kt.astype(q.dtype), vw.astype(q.dtype), mask, dense=_attend_dense_cached)
+            return _finish_block(p, h, attn, c), ck, cv
+
+        ck, cv = cache.k, cache.v
+        if layers is None:
+            params = self.layers.arrays()
+
+            def body(carry, i):
+                return block(*carry, jax.tree.map(lambda w: w[i], params), i), None
+
+            (h, ck, cv), _ = jax.lax.scan(body, (h, ck, cv), jnp.arange(c.num_hidden_layers))
+        else:
+            for i, p in enumerate(layers):
+                h, ck, cv = block(h, ck, cv, p, i)
+        return rms_norm(h, self.final_norm[...], c.rms_norm_eps), PagedKVCache(k=ck, v=cv)
 
 
 def token_logprobs(model: Qwen3, input_ids: jax.Array, targets: jax.Array, positions: jax.Array | None = None,

@@ -8,6 +8,9 @@ cores). Here each call gathers the rows that have work plus padding rows up to t
 that holds them (powers of two up to ``rows``), over the attention window's leading slots only, runs the
 sampler's own prefill/decode body on that sub-cache and scatters it back (in place: the cache is donated).
 
+With paged keys/values (``kv="paged"``) nothing is gathered: the call gets the bucket rows' page tables and
+attends over their pages in place; its writes land in those rows' pages.
+
 Padding rows are other rows of the cache, written nowhere (prefill: write start past the sub-cache; decode:
 limit 0) and scattered back unchanged, so they never touch a real request's tokens or a row's cached
 conversation; greedy replies do not depend on which bucket or which neighbours a request ran with.
@@ -29,7 +32,7 @@ import numpy as np
 
 from retrojax.model.qwen3 import KVCache
 from retrojax.parallel.rules import MeshFromArgs
-from retrojax.sampler import Sampler, SamplerError, _decode_impl, _prefill_impl
+from retrojax.sampler import Sampler, SamplerError, _decode, _decode_impl, _prefill, _prefill_impl
 from retrojax.sampling.rows import bucket_for
 
 
@@ -100,6 +103,9 @@ class RowBucketSampler(Sampler):
             return self.cache
 
         def bucket() -> KVCache:
+            if self.paged is not None:  # the bucket rows' page tables: no gather, no scatter
+                return _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids[idx]),
+                                jnp.asarray(write_start[idx]), self._pages(window)[idx], window=window)
             return _prefill_rows(self._graphdef, self._state, self.cache, jnp.asarray(idx),
                                  jnp.asarray(ids[idx]), jnp.asarray(write_start[idx]), window=window)
 
@@ -114,10 +120,16 @@ class RowBucketSampler(Sampler):
             return self._timed(shape, lambda: Sampler._run_decode(
                 self, per_row, stop_ids, table, table_lens, key, out_len=out_len, window=window))
         a = {k: jnp.asarray(v[idx]) for k, v in per_row.items()}
-        self.cache, *outs, steps = self._timed(shape, lambda: _decode_rows(
-            self._graphdef, self._state, self._layer_weights(), self.cache, jnp.asarray(idx), a["tok"],
-            a["pos"], a["limit"], jnp.asarray(stop_ids), table, table_lens, a["applies"], a["temperature"],
-            a["top_p"], a["top_k"], key, out_len=out_len, window=window))
+        if self.paged is not None:
+            self.cache, *outs, steps = self._timed(shape, lambda: _decode(
+                self._graphdef, self._state, self._layer_weights(), self.cache, a["tok"], a["pos"],
+                a["limit"], jnp.asarray(stop_ids), table, table_lens, a["applies"], a["temperature"],
+                a["top_p"], a["top_k"], key, self._pages(window)[idx], out_len=out_len, window=window))
+        else:
+            self.cache, *outs, steps = self._timed(shape, lambda: _decode_rows(
+                self._graphdef, self._state, self._layer_weights(), self.cache, jnp.asarray(idx), a["tok"],
+                a["pos"], a["limit"], jnp.asarray(stop_ids), table, table_lens, a["applies"],
+                a["temperature"], a["top_p"], a["top_k"], key, out_len=out_len, window=window))
         full = []
         for x in outs:  # ids, logprobs [bucket, out_len]; count, why [bucket] -> every row (others: zeros)
             x = np.asarray(x)

@@ -17,6 +17,12 @@ power of two, so a prefill admitting one prompt costs one row, not ``rows``. The
 (``stats["program_bound"]``) and counted as they first run (``stats["programs"]``, ``stats["program_s"]``:
 seconds of those first calls, compile included), each new one reported through ``log``.
 
+Paged keys/values (``kv="paged"``, :mod:`retrojax.sampling.pages`): requests that start with the same tokens
+(a system prompt) hold its full pages once. With a pool smaller than every row at ``max_len`` (``pages``), a
+request is admitted only while the pages of every running request's next chunk and of its prompt fit; a
+running request that no longer fits is preempted inside the sampler (its pages freed, its conversation
+recomputed by a prefill when its turn comes), never failed.
+
 Stop strings are matched on host in the decoded text (OpenAI semantics: the reply ends before the stop
 string); the row may have decoded a few tokens past it inside the chunk, which are dropped with the row.
 Streaming holds back the tail that could still become a stop string and any incomplete UTF-8 character.
@@ -33,6 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from retrojax.sampling.pages import pages_per_row
 from retrojax.sampling.rows import bucket_for
 from retrojax.sampling.stops import first_stop_token_index, pow2_at_least
 from retrojax.serve.batching import RowBucketSampler
@@ -68,12 +75,13 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, *, rows: int = 16, max_len: int = 2048,
                  chunk_steps: int = 4, seed: int = 0, chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048),
                  min_window: int = 256, row_buckets: Sequence[int] | None = None,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, kv: str = "dense", pages: int | None = None):
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
         self.sampler = RowBucketSampler(model, rows=rows, max_len=max_len, tokenizer=None,
                                         chunk_buckets=chunk_buckets, min_window=min(min_window, max_len),
-                                        row_buckets=row_buckets, on_program=self._on_program)
+                                        row_buckets=row_buckets, on_program=self._on_program, kv=kv,
+                                        pages=pages)
         self.log = log
         # decode lengths the engine's chunks can ask for (the sampler rounds them to powers of two >= 16)
         decode_lengths = len({pow2_at_least(k, 16) for k in range(1, chunk_steps + 1)})
@@ -173,6 +181,8 @@ class Engine:
                 free = [r for r in range(self.rows) if r not in self._active]
                 admitted: list[tuple[int, Job]] = []
                 while self._waiting and free:
+                    if not self._pages_fit(self._waiting[0], admitted):
+                        break
                     job = self._waiting.popleft()
                     if not job.cancelled:
                         row = max(free, key=lambda r, job=job: (self._common_prefix(r, job.prompt),
@@ -230,6 +240,18 @@ class Engine:
             self.stats["generated_tokens"] += int(gen.ids.size)
             self._progress(row, job, stopped_on_token=gen.finish_reason == "stop",
                            row_full=gen.ids.size < limit)
+
+    def _pages_fit(self, job: Job, admitted: list[tuple[int, Job]]) -> bool:
+        """Paged: the pool holds the next chunk of every running request, the new ones and ``job``'s prompt
+        (shared prefixes counted once per request: an upper bound). A lone request always fits."""
+        book = self.sampler.paged
+        if book is None or not (self._active or admitted):
+            return True
+        fresh = {row for row, _ in admitted}
+        lengths = [len(j.prompt) if row in fresh else self.sampler.length(row)
+                   for row, j in self._active.items()]
+        need = sum(pages_per_row(n, book.page_size, self.chunk_steps) for n in [*lengths, len(job.prompt)])
+        return need <= book.pages - 1
 
     def _common_prefix(self, row: int, prompt: list[int]) -> int:
         """Leading tokens ``row``'s cached conversation shares with ``prompt`` (at most ``len(prompt)``)."""
