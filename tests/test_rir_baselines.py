@@ -190,3 +190,52 @@ def test_every_baseline_runs_on_sokoban_with_the_oracle_and_with_random_replies(
         if isinstance(policy, RIROraclePolicy):
             assert sum(r.rollbacks for r in by["RIR/lats"]) > 0
             assert sum(r.aux_by_role["critique"] for r in by["RIR/self-refine"]) > 0
+
+
+def test_every_baseline_runs_with_the_flax_model_in_its_roles():
+    """The oracle plays the agent (so moves run and every auxiliary role is asked); the tiny Flax model
+    answers every auxiliary role on its own sampler rows, through the parsers and their fallbacks."""
+    import dataclasses
+
+    from retrojax.agent.policies import ModelPolicy
+    from retrojax.agent.rir.policies import RIRModelPolicy
+    from retrojax.model.qwen3 import PRESETS, Qwen3
+    from retrojax.model.tokenizer import train_sentencepiece
+
+    texts = [B.CRITIQUE_SYSTEM, B.REFLEXION_SYSTEM, B.VALUE_SYSTEM, B.ASSIST_SYSTEM, "<value>0.5</value>"] * 4
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        tok = train_sentencepiece(texts, 400, d)
+    model = Qwen3(dataclasses.replace(PRESETS["tiny"], vocab_size=tok.vocab_size))
+    inner = ModelPolicy(model, tok, max_len=4096, temperature=1.0, seed=1, chunk_buckets=(128, 512, 2048))
+    aux, oracle = RIRModelPolicy(inner), RIROraclePolicy(0.5)
+
+    class Mixed:
+        tokenizer, needs_text = inner.tokenizer, True
+
+        def begin(self, specs, slots, env):
+            oracle.begin(specs, slots, env)
+            aux.begin(specs, slots, env)
+
+        def end(self):
+            oracle.end()
+            aux.end()
+
+        def generate(self, requests):
+            mine = [r.view.kind in (EXECUTE, "refine") for r in requests]
+            a = iter(oracle.generate([r for r, m in zip(requests, mine, strict=True) if m]))
+            b = iter(aux.generate([r for r, m in zip(requests, mine, strict=True) if not m]))
+            return [next(a) if m else next(b) for m in mine]
+
+    s = Settings(agent_budget=8, rollback_budget=2, max_new_tokens=8, max_review_tokens=12,
+                 max_select_tokens=6, max_patch_tokens=12)
+    batch = RIRRunner(CFG, LineWorld(length=8, tasks=2), Mixed(), settings=s).run(
+        make_specs(range(2), [0], 1, list(BASELINES))
+    )
+    asked = Counter(c.role for c in batch.archive.calls if c.role != "execution")
+    assert {"critique", "reflect", "value", "assist"} <= set(asked)
+    for c in batch.archive.calls:
+        if c.role != "execution":
+            assert c.prompt_ids.size > 0 and c.output_ids.size == c.logprobs.size > 0
+    assert all(r.agent_calls <= 8 for r in batch.records)

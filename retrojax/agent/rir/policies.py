@@ -510,7 +510,7 @@ class RIRModelPolicy:
             n = min(cached.size, want.size)
             diff = np.nonzero(cached[:n] != want[:n])[0]
             encoded = int(want.size - (int(diff[0]) if diff.size else n))
-            kind = "agent" if r.view.kind == EXECUTE else "aux"
+            kind = "agent" if r.view.kind in (EXECUTE, REFINE) else "aux"
             c = self.counts
             c[f"{kind}_calls"] += 1
             c[f"{kind}_prompt_tokens"] += int(want.size)
@@ -522,8 +522,8 @@ class RIRModelPolicy:
             self.last_kind[r.trial] = kind
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        mapped = [
-            r if r.view.kind == EXECUTE else dataclasses.replace(r, slot=self.aux_row(r.slot))
+        mapped = [  # a refined action (Self-Refine) extends the agent's own context: the agent row
+            r if r.view.kind in (EXECUTE, REFINE) else dataclasses.replace(r, slot=self.aux_row(r.slot))
             for r in requests
         ]
         self._count(mapped)

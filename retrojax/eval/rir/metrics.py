@@ -108,7 +108,15 @@ def acceptance(records: Sequence[RIRRecord]) -> dict[str, dict[str, Any]]:
     return out
 
 
-COMPARISONS = (("RIR", "RIR/react"), ("RIR", "RIR/no-rollback"), ("RIR", "RIR/restart"))
+COMPARISONS = (
+    ("RIR", "RIR/react"),
+    ("RIR", "RIR/no-rollback"),
+    ("RIR", "RIR/restart"),
+    ("RIR", "RIR/self-refine"),  # the paper's §5.1 baselines
+    ("RIR", "RIR/reflexion"),
+    ("RIR", "RIR/lats"),
+    ("RIR", "RIR/ga-rollback"),
+)
 
 
 def comparisons(records: Sequence[RIRRecord], fields: Sequence[str] = ("success", "dense_reward")) -> dict:
