@@ -63,6 +63,8 @@ from typing import Any
 
 import numpy as np
 
+from retrojax.bench.learn_summary import heldout_outcomes, require_updates
+
 # The demo's sizes with more updates and a larger held-out set (one protocol, so evaluation streams 32 levels
 # through the demo's 32 sampler rows).
 BENCH = ["eval.protocols=[T@3]", "eval.num_tasks=32", "eval.seeds=1"]
@@ -144,7 +146,6 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
         if agree is not None:
             out[f"learn.heldout.{key}.expert_first_move"] = float(agree)
     if summary.get("heldout_trials"):  # the RL − SFT difference, paired by level and seed
-        from retrojax.bench.learn_compare import heldout_outcomes
         from retrojax.eval.metrics import paired_outcomes
 
         diff = paired_outcomes(heldout_outcomes(summary, "RL"), heldout_outcomes(summary, "SFT"), protocol)
@@ -154,17 +155,6 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
     out["learn.curve"] = [[int(p["update"]), round(float(p["wall_s"]) / 60.0, 3), float(p["success"])]
                           for p in curve]
     return out
-
-
-def require_updates(cfg: Any) -> None:
-    """The bench measures RL: refuse a run without updates (an SFT-only run is ``retrojax demo --set
-    learn.updates=0``) and any setting the demo would refuse, before the first stage."""
-    from retrojax import demo
-    from retrojax.config import ConfigError
-
-    if cfg.learn.updates < 1:
-        raise ConfigError(f"learn.updates must be ≥ 1 for the bench, got {cfg.learn.updates}")
-    demo.check_config(cfg)
 
 
 def recipe_sets(recipe: str) -> list[str]:

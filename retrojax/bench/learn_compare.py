@@ -21,15 +21,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from retrojax.bench.learn_summary import heldout_outcomes, require_updates
+
 PROTOCOLS = ("P@1", "T@1", "T@3")
 GRPO_ARM = ["trial.protocol=P@1", "learn.estimator=grpo", "learn.lambda_ref=0.0"]
 PAIRS = (("retrail", "sft"), ("grpo", "sft"), ("sft_more", "sft"), ("retrail", "grpo"),
          ("retrail", "sft_more"))
-
-
-def heldout_outcomes(summary: dict[str, Any], label: str) -> dict[tuple[str, int, int], bool]:
-    """A demo summary's held-out outcomes of one policy (``SFT`` / ``RL``) by (protocol, level, seed)."""
-    return {(p, int(t), int(s)): bool(ok) for p, t, s, ok in summary["heldout_trials"][label]}
 
 
 def compare_figures(outcomes: dict[str, dict[tuple[str, int, int], bool]]) -> dict[str, Any]:
@@ -60,7 +57,6 @@ def run_compare(base_sets: Sequence[str], out: Path, log: Callable[[str], None] 
     """The start, the three arms and the figures (see the module docstring)."""
     from retrojax import config as config_lib
     from retrojax import demo
-    from retrojax.bench.learn import require_updates
 
     require_updates(config_lib.load(config, list(base_sets)))
     evals = f"eval.protocols=[{','.join(PROTOCOLS)}]"
