@@ -14,6 +14,9 @@ fewer are visible) it compiles, for the same model and microbatch:
 - a plan for Qwen3-4B with 8k-token sequences (``plan.*``): per-device bytes from a compile-only analysis over
   abstract shapes — nothing of that size is allocated — and whether it fits ``--device-gb``.
 
+``--quick`` runs every step on the tiny model at small shapes, the plan included (tiny, 256 tokens): a smoke
+test of the code path, not figures.
+
 Step time against device count means nothing on simulated CPU devices (they share the same cores); measure it
 on a GPU/TPU host with ``retrojax bench update`` under ``--set mesh.*``.
 """
@@ -148,8 +151,10 @@ def _decode_program(model: Any, plan: Any, rows: int, max_len: int, profile: str
 
 
 def run(quick: bool = False, log=print, mesh_shape: tuple[int, int, int] = (1, 4, 2),
-        plan_preset: str = "qwen3-4b", plan_tokens: int = 8192, plan_rows: int | None = None,
+        plan_preset: str | None = None, plan_tokens: int | None = None, plan_rows: int | None = None,
         device_gb: float = 80.0, plan: bool = True) -> dict[str, float | str]:
+    """Every figure of the module docstring. ``plan_preset``/``plan_tokens``: the compile-only plan's model
+    and sequence length (default Qwen3-4B at 8192 tokens; ``quick``: the tiny model at 256 tokens)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -167,6 +172,8 @@ def run(quick: bool = False, log=print, mesh_shape: tuple[int, int, int] = (1, 4
     preset = "tiny" if quick else "demo"
     config = PRESETS[preset]
     rows, length = (8, 128) if quick else (16, 512)
+    plan_preset = plan_preset or ("tiny" if quick else "qwen3-4b")
+    plan_tokens = plan_tokens or (256 if quick else 8192)
     lc = LearnConfig(learning_rate=1e-5, logprob_chunk=128)
     mesh = make_mesh(*mesh_shape)
     figures: dict[str, float | str] = {"model": preset, "mesh": "x".join(map(str, mesh_shape)),
@@ -247,12 +254,12 @@ def memory_plan(preset: str, mesh: Any, *, tokens: int = 8192, rows: int | None 
     """
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from flax import nnx
 
     from retrojax.config import LearnConfig
     from retrojax.learn.update import Update, make_optimizer
     from retrojax.model import PRESETS, Qwen3
+    from retrojax.model.qwen3 import abstract_cache
     from retrojax.parallel.shard import make_plan, param_shapes
 
     config = PRESETS[preset]
@@ -273,9 +280,9 @@ def memory_plan(preset: str, mesh: Any, *, tokens: int = 8192, rows: int | None 
     t0 = time.perf_counter()
     compiled = upd.lower(params, opt, batch).compile()
     mem = compiled.memory_analysis()
-    c = config
-    cache_shape = (c.num_hidden_layers, trials_in_flight, tokens, c.num_key_value_heads, c.head_dim)
-    cache_per_dev = 2 * math.prod(plan.cache(cache_shape).shard_shape(cache_shape)) * dt.itemsize
+    cache = abstract_cache(config, trials_in_flight, tokens, dt, plan.cache)  # each leaf by its logical axes
+    cache_per_dev = sum(math.prod(x.sharding.shard_shape(x.shape)) * dt.itemsize for x in (cache.k, cache.v))
+    cache_total = sum(math.prod(x.shape) * dt.itemsize for x in (cache.k, cache.v))
     out = {
         "plan.model": preset, "plan.dtype": dtype, "plan.remat": str(remat), "plan.batch_rows": float(rows),
         "plan.tokens": float(tokens), "plan.compile.s": time.perf_counter() - t0,
@@ -285,7 +292,7 @@ def memory_plan(preset: str, mesh: Any, *, tokens: int = 8192, rows: int | None 
         "plan.update_args_per_device_bytes": float(getattr(mem, "argument_size_in_bytes", 0)),
         "plan.kv_cache_trials": float(trials_in_flight),
         "plan.kv_cache_per_device_bytes": float(cache_per_dev),
-        "plan.kv_cache_total_bytes": float(2 * math.prod(cache_shape) * dt.itemsize),
+        "plan.kv_cache_total_bytes": float(cache_total),
     }
     train_peak = (out["plan.params_per_device_bytes"] * 2 + out["plan.opt_per_device_bytes"]
                   + out["plan.activations_per_device_bytes"])  # params + grads + AdamW + temporaries
@@ -296,7 +303,6 @@ def memory_plan(preset: str, mesh: Any, *, tokens: int = 8192, rows: int | None 
     out["plan.device_bytes"] = budget
     out["plan.fits_train"] = str(bool(train_peak <= budget))
     out["plan.fits_rollout"] = str(bool(rollout_params + cache_per_dev <= budget))
-    del np
     return out
 
 
