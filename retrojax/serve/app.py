@@ -33,6 +33,13 @@ from retrojax.serve.protocol import (
 )
 from retrojax.serve.template import render_prompt, template_name
 
+# Seconds an idle keep-alive connection stays open. Clients pool connections and reuse one idle for less than
+# their own expiry (httpx, and so the openai client: 5 s); uvicorn's default of 5 s closed such a connection
+# just as a request arrived on it, and the client got "Connection reset by peer" (uvloop runs due timers
+# before reading sockets, so under load the request bytes were already there when the connection closed).
+# Outliving the clients' expiry leaves the closing to them.
+KEEP_ALIVE_S = 75
+
 
 def _error_response(error: APIError):
     from fastapi.responses import JSONResponse
@@ -151,14 +158,15 @@ async def _stream(engine: Engine, job: Job, queue: asyncio.Queue, req: ChatReque
 class BackgroundServer:
     """uvicorn serving ``app`` from a thread on ``host`` (port 0: a free port), for tests and benchmarks."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, keep_alive_s: int = KEEP_ALIVE_S):
         import uvicorn
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    timeout_keep_alive=keep_alive_s))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     @property
@@ -235,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
           f"{engine.max_len} tokens; row buckets {','.join(map(str, engine.sampler.row_buckets))}, at most "
           f"{engine.stats['program_bound']} programs) on http://{args.host}:{args.port}/v1", flush=True)
     try:
-        uvicorn.run(create_app(engine, name), host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(create_app(engine, name), host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_keep_alive=getattr(args, "keep_alive", None) or KEEP_ALIVE_S)
     finally:
         engine.close()
     return 0
