@@ -57,6 +57,9 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16
     seed: int = 0
     adapter: str | None = None  # a PEFT LoRA adapter directory to put on the base (retrojax.model.peft)
+    # ours: the learner's attention (Qwen3.hidden, no KV cache). pallas: the forest flash-attention kernel
+    # (retrojax.kernels; interpret mode on CPU, for tests); xla: the einsum blocks; auto: pallas on gpu/tpu
+    attention: Literal["auto", "xla", "pallas"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

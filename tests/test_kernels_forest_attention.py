@@ -1,4 +1,5 @@
-"""The Pallas forest-attention kernel (interpret mode on CPU) equals the dense masked reference.
+"""The Pallas forest-attention kernel (interpret mode on CPU) equals the dense masked reference, and the
+learner's loss and gradients with ``model.attention: pallas`` equal the XLA path's.
 
 Shapes are fixed per dtype (one compiled program each) and hypothesis draws the forests: chains, wide fans,
 one-token branches, rows of several trees, padding nodes, keys nobody sees; the row length is not a multiple
@@ -12,12 +13,16 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+import test_learn_layout_exact as layout_exact
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_learn_layout_exact import archive  # noqa: F401  (the module fixture: a real trial archive)
 
 from retrojax.kernels import forest_attention
 from retrojax.kernels.forest_attention import visit_lists
 from retrojax.kernels.reference import forest_attention_reference, forest_mask
+from retrojax.model import Qwen3
 
 B, T, N, KVH, D = 2, 56, 4, 2, 16  # 56 tokens: 3.5 blocks of 16
 BLOCKS = (16, 32)  # block_q, block_k: unequal, so the block classification is exercised both ways
@@ -133,3 +138,39 @@ def test_visit_lists_skip_blocks_no_query_needs():
     causal = jnp.full((1, t), t, jnp.int32)  # one causal row: every block below the diagonal is full
     _, counts = visit_lists(causal, 16, 16)
     assert np.asarray(counts[0]).tolist() == [[i, 1] for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def xla_rows_step(archive):  # noqa: F811
+    """The XLA path's one-sequence-per-row step (tests/test_learn_layout_exact.py shows the packed layout's
+    step equals it within 1e-5)."""
+    return layout_exact._step(archive, "rows", 1, 1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["rows", "packed"])
+def test_learner_step_with_the_kernel_equals_xla(archive, xla_rows_step, monkeypatch, layout):  # noqa: F811
+    """One learner step (loss, gradients, new parameters) on a real trial archive with ``model.attention:
+    pallas`` equals the XLA path's: the rows layout runs its causal + padding mask through the kernel, the
+    packed layout its chains."""
+    want_loss, want_grads, want_params, _ = xla_rows_step
+    monkeypatch.setattr(layout_exact, "Qwen3", functools.partial(Qwen3, attention="pallas"))
+    loss, grads, params, _ = layout_exact._step(archive, layout, 1, 1e-3)
+    assert any(abs(x) > 1e-4 for x in want_loss)
+    np.testing.assert_allclose(loss, want_loss, atol=1e-5, rtol=0)
+    for got, want in ((grads, want_grads), (params, want_params)):
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_model_attention_setting_reaches_the_model():
+    """``model.attention`` from the config is the built model's; auto is xla on this CPU backend."""
+    from retrojax import config
+    from retrojax.model.build import build_model
+    from retrojax.model.qwen3 import use_pallas_attention
+
+    assert build_model(config.load(None, ["model.attention=pallas"])).attention == "pallas"
+    assert build_model(config.load(None)).attention == "auto"
+    assert use_pallas_attention("auto") is (jax.default_backend() in ("gpu", "tpu"))
+    with pytest.raises(config.ConfigError):
+        config.load(None, ["model.attention=triton"])

@@ -29,6 +29,7 @@ def build_model(cfg: Any) -> Any:
     from retrojax.plan.runtime import resolve_remat
 
     model = _build_base(cfg, resolve_remat(cfg))
+    model.attention = getattr(cfg.model, "attention", "auto")  # model.attention (Qwen3.hidden's attention)
     lora = getattr(cfg.learn, "lora", None)
     adapter = getattr(cfg.model, "adapter", None)
     if adapter:
