@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("parallel", "retrojax.bench.parallel:main", "mesh: per-device FLOPs/memory, collectives, 4B plan"),
         ("lora", "retrojax.bench.lora:main", "LoRA decode: merged weights vs adapters per step"),
         ("credit", "retrojax.bench.credit:main", "one RL batch: mean advantage by group and move quality"),
+        ("device", "retrojax.bench.device:main", "accelerator: forest kernel, update MFU, prefill/decode"),
     ]:
         p = bench_sub.add_parser(name, help=help_)
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
