@@ -228,12 +228,14 @@ class Sampler:
         """Sample from new weights of the same architecture (e.g. after a learner update).
 
         Cached keys/values were computed with the old weights; reset or rewind rows whose context must be
-        recomputed.
+        recomputed. Paged: no row shares a page computed before the update.
         """
         if model.config != self.config:
             raise SamplerError("update_model needs a model with the same config as the sampler's")
         self._graphdef, self._state = nnx.split(model)
         self._layers = None
+        if self.paged is not None:
+            self.paged.forget_prefixes()
 
     # --- public: device work ------------------------------------------------------------------------
     def append(self, rows: Sequence[int], token_chunks: Sequence[Sequence[int]]) -> None:

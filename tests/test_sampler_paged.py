@@ -92,16 +92,28 @@ def test_paged_equals_dense_with_rewinds_appends_and_shared_prompts(model, dense
         assert s.paged.count[r] == pages_for(s.length(r) - 1, PAGE) and s.paged.kv_len[r] == s.length(r) - 1
 
 
-@pytest.mark.parametrize("pages", [9, 12])
-def test_a_small_pool_preempts_rows_and_recomputes_them_with_the_same_tokens(model, dense_run, pages):
-    """A pool of 8 (one full row) or 11 usable pages cannot hold every row: calls evict other rows and run in
+def test_a_small_pool_preempts_rows_and_recomputes_them_with_the_same_tokens(model, dense_run):
+    """A pool of 8 usable pages (one full row) cannot hold every row: calls evict other rows and run in
     groups, and evicted rows are prefilled again from their conversations when next used."""
+    pages = 9
     s = sampler(model, "paged", pages=pages)
     got, logits = trials(s)
     assert_same(got, dense_run[0], logits, dense_run[1])
     s.paged.check()
     assert s.stats["evicted_rows"] > 0 and s.stats["recomputed_tokens"] > 0
     assert s.paged.held <= pages - 1
+
+
+def test_new_weights_share_no_page_computed_with_the_old_ones(model):
+    s = sampler(model, "paged")
+    task = ids(0, 40)
+    s.append([0], [task])
+    s.append([1], [task])
+    assert s.stats["shared_pages"] == 2  # 39 slots with keys/values: two full pages of 16
+    s.update_model(model)
+    s.append([2], [task])
+    assert s.stats["shared_pages"] == 2
+    s.paged.check()
 
 
 def test_dense_cache_stays_selectable_and_kv_is_checked(model):
@@ -142,7 +154,7 @@ def test_serve_engine_concurrent_requests_match_on_pages(model):
 
     def serve(kv: str, pages: int | None = None) -> tuple[list[list[int]], Engine]:
         engine = Engine(model, tok, rows=4, max_len=MAX_LEN, chunk_steps=3, chunk_buckets=BUCKETS,
-                        min_window=MIN_WINDOW, kv=kv, pages=pages).start()
+                        min_window=MIN_WINDOW, row_buckets=(2,), kv=kv, pages=pages).start()
         done = [threading.Event() for _ in prompts]
         jobs = [Job(prompt=p, max_tokens=11 + i, temperature=0.0, on_event=lambda e, d=d: d.set()
                     if "done" in e or "error" in e else None)

@@ -16,6 +16,10 @@ figures for a wider model):
   that re-send the conversation do). ``prefill_tokens`` counts appended tokens; ``wall_s`` is the scenario's
   time; ``prefill_ratio`` and ``wall_ratio`` are reprefill / rewind.
 
+- ``sampler.kv.*``: the paged KV cache against the dense one (:mod:`retrojax.bench.kv_pages`): KV bytes
+  held over bytes used on a replayed oracle T@3 archive at configs/sokoban.yaml, the share of a task's prompt
+  pages, rows that fit 80 GB at Qwen3-4B each way, and CPU decode tokens/s paged over dense.
+
 The tiny model is the issue's (hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 16, vocab 1000); the wide
 one has hidden 512, 4 layers, 8 heads, 4 kv heads, head_dim 64. ``--quick`` shrinks everything (smoke test;
 its batch keys are the batches it ran).
@@ -191,6 +195,9 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
                                                       / figures[f"{prefix}multiturn.prefill_tokens.rewind"])
         figures[f"{prefix}multiturn.wall_ratio"] = (figures[f"{prefix}multiturn.wall_s.reprefill"]
                                                    / figures[f"{prefix}multiturn.wall_s.rewind"])
+    from retrojax.bench import kv_pages
+
+    figures.update(kv_pages.run(quick=quick, log=log))
     return figures
 
 

@@ -206,6 +206,13 @@ class PageBook:
             out.append(page)
         return out
 
+    def forget_prefixes(self) -> None:
+        """Empty the shared-prefix index (new weights: held pages stay with their rows, none is shared)."""
+        self._index.clear()
+        self._key_of.clear()
+        self._children.clear()
+        self.pending.clear()
+
     def drop_pending(self, pages: Iterable[int]) -> None:
         """Pending pages that were not written after all (a failed call) leave the index."""
         for p in pages:
