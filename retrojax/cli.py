@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--dtype", default="float32", help="float32 | bfloat16")
     srv.add_argument("--seed", type=int, default=0)
     srv.add_argument("--log-level", default="warning")
+    srv.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                     help="compile every row-bucket program before reporting ready (default on; "
+                          "--no-warmup: compile each on its first request)")
     srv.add_argument("--keep-alive", type=int, default=None, metavar="SECONDS",
                      help="idle keep-alive connections stay open this long (default 75: longer than clients "
                           "pool them, 5 s for httpx/openai, so the server never closes one a client reuses)")

@@ -99,3 +99,26 @@ def test_programs_are_bounded_counted_and_never_rerun_through_a_new_compile(mode
     before = (dict(TRACES), len(s.programs))
     workload()
     assert (dict(TRACES), len(s.programs)) == before
+
+
+def test_warm_up_runs_every_program_a_workload_needs_and_leaves_the_rows_empty(model):
+    def workload(s: RowBucketSampler) -> list[list[int]]:
+        out = []
+        for live in (1, 3, ROWS):
+            for r in range(ROWS):
+                s.reset(r)
+            rows = list(range(live))
+            for n in (3, 36):  # chunk buckets 8 and 32; windows 32 and 64 as rows grow
+                s.append(rows, [prompt(n + r, n) for r in rows])
+                out += [g.ids.tolist() for g in s.generate(rows, 4, temperature=0.0, stop_token_ids=())]
+        return out
+
+    want = workload(bucketed(model, min_window=32, row_buckets=(1, 4, 8)))
+    warm = bucketed(model, min_window=32, row_buckets=(1, 4, 8))
+    assert warm.warm_up(stop_ids=[], decode_steps=4) > 0
+    warmed = set(warm.programs)
+    assert len(warmed) == 3 * 2 * (len(BUCKETS) + 1)  # every row bucket x window: both chunk buckets, decode
+    assert all(warm.length(r) == 0 for r in range(ROWS))
+    traces = dict(TRACES)
+    assert workload(warm) == want  # what the warm-up wrote in the cache is never read
+    assert set(warm.programs) == warmed and dict(TRACES) == traces  # nothing new compiled or traced

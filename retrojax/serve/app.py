@@ -237,7 +237,12 @@ def main(args: argparse.Namespace) -> int:
     import uvicorn
 
     name = args.name or model_dir.resolve().name
-    engine.warmup()
+    if getattr(args, "warmup", True):
+        print(f"retrojax serve: compiling {engine.stats['program_bound']} programs before serving "
+              "(--no-warmup: on first use)", file=sys.stderr, flush=True)
+        seconds = engine.warmup()
+        print(f"retrojax serve: {engine.stats['programs']} programs compiled in {seconds:.1f} s",
+              file=sys.stderr, flush=True)
     engine.start()
     print(f"retrojax serve: '{name}' ({template_name(engine.tokenizer)}; {engine.rows} rows × "
           f"{engine.max_len} tokens; row buckets {','.join(map(str, engine.sampler.row_buckets))}, at most "

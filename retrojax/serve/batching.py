@@ -34,6 +34,7 @@ from retrojax.model.qwen3 import KVCache
 from retrojax.parallel.rules import MeshFromArgs
 from retrojax.sampler import Sampler, SamplerError, _decode, _decode_impl, _prefill, _prefill_impl
 from retrojax.sampling.rows import bucket_for
+from retrojax.sampling.stops import pow2_at_least
 
 
 def default_row_buckets(rows: int) -> tuple[int, ...]:
@@ -74,6 +75,39 @@ class RowBucketSampler(Sampler):
         """The most programs the engine's calls can need: row buckets × windows × (prefill chunk buckets +
         ``decode_shapes``, the distinct (decode length, stop ids, stop table) shapes; 1 in the engine)."""
         return len(self.row_buckets) * len(self.windows()) * (len(self.buckets) + decode_shapes)
+
+    def warm_up(self, stop_ids: Sequence[int], decode_steps: int) -> float:
+        """Run every program the engine's calls can need once, so that none compiles while serving: for each
+        row bucket and attention window, a prefill per chunk bucket that can meet that window and a decode of
+        ``decode_steps`` (at most) with ``stop_ids`` and no stop strings, as :meth:`generate` shapes them.
+        Rows 0..bucket-1 are written with zeros; their conversations stay empty (the book is not touched, and
+        slots past a row's length are never attended). Returns the seconds taken."""
+        start = time.perf_counter()
+        stop = np.full((pow2_at_least(len(stop_ids)),), -1, dtype=np.int32)
+        stop[: len(stop_ids)] = stop_ids
+        table, table_lens = self._stop_string_tables(())
+        out_len = pow2_at_least(decode_steps, max(16, self.min_out_len))
+        key = jax.random.key(0)
+        for rows in self.row_buckets:
+            for window in self.windows():
+                below = 0
+                for width in self.buckets:  # a chunk of this bucket holds > ``below`` tokens: its reach
+                    if self._window(below + 1) <= window:
+                        ids = np.zeros((self.rows, width), dtype=np.int32)
+                        write_start = np.full((self.rows,), self.max_len, dtype=np.int32)
+                        write_start[:rows] = 0
+                        self._run_prefill(ids, write_start, window)
+                    below = width
+                limit = np.zeros((self.rows,), dtype=np.int32)
+                limit[:rows] = 1
+                zeros = np.zeros((self.rows,), np.int32)
+                per_row = {"tok": zeros, "pos": zeros, "limit": limit, "top_k": zeros,
+                           "applies": np.zeros((self.rows, table_lens.shape[0]), dtype=bool),
+                           "temperature": np.zeros((self.rows,), np.float32),
+                           "top_p": np.ones((self.rows,), np.float32)}
+                self._run_decode(per_row, stop, table, table_lens, key, out_len=out_len, window=window)
+        jax.block_until_ready(self.cache)
+        return time.perf_counter() - start
 
     # --- the device calls, on a row bucket ---------------------------------------------------------------
     def _bucket(self, live: np.ndarray) -> np.ndarray:

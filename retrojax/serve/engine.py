@@ -126,12 +126,10 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=60)
 
-    def warmup(self) -> None:
-        """Compile prefill and decode once (a two-token greedy reply on row 0) before serving."""
-        self.sampler.reset(0)
-        self.sampler.append([0], [self.tokenizer.encode("hi")[:4] or [0]])
-        self.sampler.generate([0], self.chunk_steps, temperature=0.0, stop_token_ids=self.stop_ids)
-        self.sampler.reset(0)
+    def warmup(self) -> float:
+        """Compile every program the engine's calls can need (each row bucket and window: prefill per chunk
+        bucket, decode) before serving, so no request waits on a compile; returns the seconds taken."""
+        return self.sampler.warm_up(self.stop_ids, self.chunk_steps)
 
     def _on_program(self, shape: tuple, seconds: float) -> None:
         self.stats["programs"] += 1
