@@ -21,6 +21,12 @@ def _add_config_args(p: argparse.ArgumentParser, default: str | None = None) -> 
     )
 
 
+def _add_device_memory(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="plan for a device of this memory, e.g. 80GB (default: what the device reports; "
+                        "the host's RAM on CPU)")
+
+
 def _handler(target: str):
     def run(args: argparse.Namespace) -> int:
         module, func = target.split(":")
@@ -112,11 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--keep-alive", type=int, default=None, metavar="SECONDS",
                      help="idle keep-alive connections stay open this long (default 75: longer than clients "
                           "pool them, 5 s for httpx/openai, so the server never closes one a client reuses)")
+    _add_device_memory(srv)
     srv.set_defaults(func=_handler("retrojax.serve.app:main"))
 
     # --- eval --------------------------------------------------------------------------------
     ev = sub.add_parser("eval", help="run trials with a policy under protocols and report success")
     _add_config_args(ev, default="configs/sokoban.yaml")
+    _add_device_memory(ev)
     ev.add_argument("--policy", default="oracle:0.3",
                     help="random | notes (Sokoban's push notes followed) | oracle:EPS | model:DIR | "
                          "api:MODEL (the api: section's endpoint)")
@@ -133,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- rir ---------------------------------------------------------------------------------
     rir = sub.add_parser("rir", help="RIR report: main / when / where / components / range tables")
+    _add_device_memory(rir)
     rir.add_argument("--config", action="append", required=True,
                      help="a world's YAML config (repeatable or comma-separated: one column per world)")
     rir.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -156,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="ReTRAIL training (State-Anchored GRPO)")
     _add_config_args(tr, default="configs/sokoban_tiny.yaml")
     tr.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    _add_device_memory(tr)
     tr.set_defaults(func=_handler("retrojax.learn.cli:main"))
 
     # --- plan --------------------------------------------------------------------------------

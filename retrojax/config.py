@@ -73,7 +73,10 @@ class SamplerConfig:
     max_new_tokens: int = 256  # per execution call
     max_reflection_tokens: int = 384  # per reflection call
     chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048)
-    max_inflight: int = 0  # trials in flight per sampler (KV-cache rows); 0 = all trials of a batch at once
+    # trials in flight per sampler (KV-cache rows); 0 = all trials of a batch at once; auto = the most rows
+    # that fit the device beside the run's weights, optimizer and activations (retrojax.plan.admission: train,
+    # eval, rir and serve resolve it before allocating; unresolved, e.g. from Python, it means 0)
+    max_inflight: int | Literal["auto"] = "auto"
     # ours, off: each generate call runs on its own rows padded to a power of two (the serve engine's row
     # buckets) instead of every cache row: a tick's few reflections no longer pay for all rows. Sampled
     # replies draw other random numbers than with it off (greedy ones are the same)
@@ -82,6 +85,10 @@ class SamplerConfig:
     # shared prompt pages stored once (retrojax.sampling.pages, docs/paged-cache.md); dense: max_len slots per
     # row. The same tokens and log-probs either way
     kv: str = "dense"
+
+    def inflight_rows(self) -> int:
+        """``max_inflight`` as a row limit: 0 (every trial of a batch) while ``auto`` is unresolved."""
+        return 0 if self.max_inflight == "auto" else int(self.max_inflight)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +175,10 @@ class LearnConfig:
     remat: bool | str = "auto"
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     checkpoint_every: int = 1  # updates between checkpoints
+    # ours: float32 | model. float32 keeps float32 master weights, AdamW moments and gradient sums beside a
+    # bfloat16 model (a 1e-6 step of a bfloat16 weight rounds to zero); model steps the weights in the model's
+    # dtype (half the optimizer memory, knowingly). SFT follows it too (retrojax.learn.precision)
+    master_dtype: str = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,10 +186,6 @@ class EvalConfig:
     protocols: tuple[str, ...] = ("P@1", "T@1", "T@3")
     every: int = 0  # evaluate every N updates during training (0 = only at the end)
     num_tasks: int | None = 32
-    # ours: float32 | model. float32 keeps float32 master weights, AdamW moments and gradient sums beside a
-    # bfloat16 model (a 1e-6 step of a bfloat16 weight rounds to zero); model steps the weights in the model's
-    # dtype (half the optimizer memory, knowingly). SFT follows it too (retrojax.learn.precision)
-    master_dtype: str = "float32"
     seeds: int = 1
     # ours: the demo also scores the SFT and the RL policy with greedy decoding (one seed): a held-out gain at
     # the sampling temperature that vanishes here is sharpening, not more boards read

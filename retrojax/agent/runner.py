@@ -41,7 +41,7 @@ class Runner:
                  max_inflight: int | None = None, record_best: bool = False):
         self.cfg, self.env, self.policy = cfg, env, policy
         self.record_best = bool(record_best) and bool(getattr(env, "lists_best_actions", False))
-        limit = getattr(cfg.sampler, "max_inflight", 0) if max_inflight is None else max_inflight
+        limit = cfg.sampler.inflight_rows() if max_inflight is None else max_inflight
         if limit < 0:
             raise ValueError(f"max_inflight must be >= 0 (0 = all at once), got {limit}")
         self.max_inflight = int(limit)

@@ -77,6 +77,22 @@ def make_policy(spec: str, cfg: Any) -> Policy:
     raise ValueError(f"unknown policy {spec!r}; use random, notes, oracle:EPS, model:DIR or api:MODEL")
 
 
+def plan_policy_rows(cfg: Any, spec: str, device_memory: str | None = None) -> Any:
+    """``cfg`` with ``sampler.max_inflight`` planned for the policy before anything is allocated
+    (retrojax.plan.admission): a ``model:DIR`` policy holds weights and a KV cache row per trial in flight, so
+    ``auto`` takes the most rows that fit and an explicit value that does not fit raises ``DoesNotFit``;
+    other policies hold no device memory and keep the setting (``auto`` = every trial at once)."""
+    kind, _, arg = spec.partition(":")
+    if kind.strip().lower() != "model" or not arg:
+        return cfg
+    from retrojax.model.qwen3 import Qwen3Config
+    from retrojax.plan.admission import admit_decoding, device_budget, resolve, summary
+
+    admission = admit_decoding(cfg, device_budget(device_memory), Qwen3Config.from_json(arg.strip()))
+    print(summary(admission), file=sys.stderr)
+    return resolve(cfg, admission)
+
+
 def _protocols(args: argparse.Namespace, cfg: Any) -> list[str]:
     raw = args.protocol or list(cfg.eval.protocols)
     names = [p.strip() for item in raw for p in item.split(",") if p.strip()]
@@ -200,6 +216,7 @@ def _main_worlds(args: argparse.Namespace, paths: list[str]) -> int:
         for path in paths:
             cfg = config_lib.load(path, args.overrides)
             protocols = _protocols(args, cfg)
+            cfg = plan_policy_rows(cfg, args.policy, getattr(args, "device_memory", None))
             policy = make_policy(args.policy, cfg)
             tasks = args.tasks if args.tasks is not None else cfg.eval.num_tasks
             report = evaluate(cfg, policy, _split(args, cfg), protocols, args.seeds, tasks, transcripts=out)
@@ -236,6 +253,7 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--seeds must be at least 1, got {args.seeds}")
         if args.tasks is not None and args.tasks < 1:
             raise ValueError(f"--tasks must be at least 1, got {args.tasks}")
+        cfg = plan_policy_rows(cfg, args.policy, getattr(args, "device_memory", None))
         policy = make_policy(args.policy, cfg)
         tasks = args.tasks if args.tasks is not None else cfg.eval.num_tasks
         with _transcripts(args) as out:

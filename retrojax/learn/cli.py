@@ -51,8 +51,25 @@ def warm_start(cfg: Any, model: Any, tokenizer: Any, resume: bool) -> dict[str, 
     return out
 
 
+def plan_run(cfg: Any, device_memory: str | None = None) -> tuple[Any, Any, bool]:
+    """Plan before anything is allocated (retrojax.plan): ``sampler.max_inflight`` (auto: the most rows that
+    fit; an explicit value that does not fit raises ``DoesNotFit``) and ``learn.remat`` (auto: on when the
+    update would not fit without it). Returns (the config with max_inflight resolved, the admission,
+    remat)."""
+    from retrojax.plan.admission import admit_train, check_certain, device_budget, resolve, summary
+    from retrojax.plan.runtime import resolve_remat
+
+    log = lambda line: print(line, file=sys.stderr)
+    budget = device_budget(device_memory)
+    check_certain(cfg, budget)  # hopeless sizes stop here, before any compile-only plan
+    remat = resolve_remat(cfg, log=log, budget=budget)
+    admission = admit_train(cfg, budget, remat, log=log)
+    log(summary(admission))
+    return resolve(cfg, admission), admission, remat
+
+
 def main(args: argparse.Namespace) -> int:
-    """``retrojax train --config FILE [--set k=v ...] [--resume]``."""
+    """``retrojax train --config FILE [--set k=v ...] [--resume] [--device-memory 80GB]``."""
     from retrojax.config import ConfigError, load
 
     try:
@@ -74,8 +91,13 @@ def main(args: argparse.Namespace) -> int:
     from retrojax.parallel.distributed import setup
 
     setup(cfg)  # jax.distributed (multi-process runs) and the compile cache, before any device work
+    try:
+        cfg, admission, remat = plan_run(cfg, getattr(args, "device_memory", None))
+    except ValueError as e:  # DoesNotFit included: the plan's figures and what to change
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     resume = bool(getattr(args, "resume", False))
-    model = build_model(cfg)
+    model = build_model(cfg, remat)
     tokenizer = build_tokenizer(cfg)
     sft_figures = warm_start(cfg, model, tokenizer, resume)
     try:
@@ -90,7 +112,8 @@ def main(args: argparse.Namespace) -> int:
         trainer.close()
     last = history[-1] if history else {}
     shown = {k: v for k, v in last.items() if k.startswith(("train/loss", "rollout/", "eval/"))}
-    summary: dict[str, Any] = {"iterations": trainer.iteration, "policy": str(out), "last": shown}
+    summary: dict[str, Any] = {"iterations": trainer.iteration, "policy": str(out), "last": shown,
+                               "plan": {k.removeprefix("plan."): v for k, v in admission.figures.items()}}
     if sft_figures is not None:
         keys = ("steps", "held_out_nll_before", "held_out_nll_after")
         summary["warm_start"] = {k: sft_figures[k] for k in keys}

@@ -18,17 +18,20 @@ class ByteTokenizer(ByteChatTokenizer):
         return [bytes([i]) if i < 256 else b"" for i in range(vocab_size)]
 
 
-def build_model(cfg: Any) -> Any:
+def build_model(cfg: Any, remat: bool | None = None) -> Any:
     """The policy of ``cfg.model``: a local HF checkpoint, or a freshly initialized preset; with
     ``model.adapter`` a PEFT LoRA adapter on it, else with ``learn.lora.rank > 0`` fresh LoRA adapters
-    (retrojax.model.lora). ``learn.remat: auto`` is resolved here (retrojax.plan).
+    (retrojax.model.lora). ``remat``: rematerialize layers in the backward pass, decided by the caller
+    (``learn.remat: auto`` is resolved by retrojax.plan.runtime.resolve_remat); None takes ``learn.remat``
+    when it is a bool, else off.
 
     On more than one device the weights are created (or read) directly into their train-profile
     shardings on the ``cfg.mesh`` mesh: no device ever holds the whole model first.
     """
-    from retrojax.plan.runtime import resolve_remat
-
-    model = _build_base(cfg, resolve_remat(cfg))
+    if remat is None:
+        setting = getattr(cfg.learn, "remat", False)
+        remat = setting if isinstance(setting, bool) else False
+    model = _build_base(cfg, remat)
     model.attention = getattr(cfg.model, "attention", "auto")  # model.attention (Qwen3.hidden's attention)
     lora = getattr(cfg.learn, "lora", None)
     adapter = getattr(cfg.model, "adapter", None)
@@ -48,7 +51,9 @@ def _build_base(cfg: Any, remat: bool) -> Any:
     from retrojax.model import PRESETS, Qwen3
 
     dtype = jnp.dtype(cfg.model.dtype)
-    mesh = _mesh(cfg)
+    from retrojax.parallel.mesh import config_mesh
+
+    mesh = config_mesh(cfg)
     if cfg.model.path:
         from retrojax.model.checkpoint import from_pretrained
 
@@ -64,16 +69,6 @@ def _build_base(cfg: Any, remat: bool) -> Any:
         return create_sharded(config, mesh, dtype=dtype, seed=cfg.model.seed, remat=remat,
                               overrides=cfg.mesh.rules, strict=cfg.mesh.strict)
     return Qwen3(config, dtype=dtype, rngs=nnx.Rngs(cfg.model.seed), remat=remat)
-
-
-def _mesh(cfg: Any) -> Any:
-    """The config's mesh when it spans more than one device, else None (plain single-device arrays)."""
-    if getattr(cfg, "mesh", None) is None:
-        return None
-    from retrojax.parallel.mesh import mesh_from_config
-
-    mesh = mesh_from_config(cfg)
-    return mesh if mesh.devices.size > 1 else None
 
 
 def _rules(cfg: Any) -> Any:

@@ -59,6 +59,14 @@ def mesh_from_config(cfg: Any, devices: Sequence[Any] | None = None) -> Mesh:
     return make_mesh(m.data, m.fsdp, m.tp, devices)
 
 
+def config_mesh(cfg: Any) -> Mesh | None:
+    """The config's mesh when it spans more than one device, else None (plain single-device arrays)."""
+    if getattr(cfg, "mesh", None) is None:
+        return None
+    mesh = mesh_from_config(cfg)
+    return mesh if mesh.devices.size > 1 else None
+
+
 def describe(mesh: Mesh) -> dict[str, Any]:
     """JSON-able record of a mesh (written into checkpoint meta and bench reports)."""
     return {"axes": list(mesh.axis_names), "shape": [int(mesh.shape[a]) for a in mesh.axis_names],

@@ -64,11 +64,11 @@ def main(args: argparse.Namespace) -> int:
               "CPU devices (compile-only)", file=sys.stderr)
         env = simulated_env(need, {"RETROJAX_PLAN_CHILD": "1"})
         return subprocess.call([sys.executable, "-m", "retrojax.cli", *_argv(args)], env=env)
-    from retrojax.model.build import _mesh
+    from retrojax.parallel.mesh import config_mesh
     from retrojax.plan.memory import plan_memory
 
     try:
-        mesh = _mesh(cfg)
+        mesh = config_mesh(cfg)
         figures = plan_memory(cfg, device_bytes, mesh=mesh, log=lambda s: print(s, file=sys.stderr),
                               compare=not args.no_compare)
     except (ValueError, OSError) as e:

@@ -82,7 +82,7 @@ def shapes_from_config(cfg: Any, batch_shards: int = 1) -> Shapes:
     length = buckets[-1]
     rows = max(1, lc.max_batch_tokens // length)
     rows = -(-rows // batch_shards) * batch_shards
-    inflight = sc.max_inflight or lc.tasks_per_update * cfg.trial.trials_per_task
+    inflight = sc.inflight_rows() or lc.tasks_per_update * cfg.trial.trials_per_task
     inflight = -(-inflight // batch_shards) * batch_shards
     return Shapes(model_shape(cfg), cfg.model.dtype, lora_settings(cfg), rows, length, inflight, sc.max_len)
 

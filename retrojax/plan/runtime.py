@@ -8,61 +8,35 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from retrojax.plan.admission import device_memory_bytes, train_resident_bytes
 from retrojax.plan.memory import GB, shapes_from_config, shard_bytes
 
 # the last compile-only update plan made by resolve_remat in this process (the trainer logs it)
 LAST_PLAN: dict[str, Any] = {}
 
 
-def device_memory_bytes() -> float | None:
-    """The first device's memory limit (GPU/TPU ``memory_stats``), or the host's RAM for CPU devices."""
-    import jax
-
-    stats = None
-    try:
-        stats = jax.devices()[0].memory_stats()
-    except Exception:  # noqa: BLE001 - backends without memory stats
-        stats = None
-    if stats and stats.get("bytes_limit"):
-        return float(stats["bytes_limit"])
-    try:
-        import psutil
-
-        return float(psutil.virtual_memory().total)
-    except ImportError:
-        return None
-
-
 def _rough_update_bytes(cfg: Any) -> float:
-    """A generous bound on one update without remat (fp32 everything, every activation kept): when even
-    this fits, auto needs no compile."""
-    shapes = shapes_from_config(cfg)
-    c = shapes.config
-    per_token = 16 * c.hidden_size + 8 * c.intermediate_size + 8 * c.num_attention_heads * c.head_dim
-    acts = c.num_hidden_layers * shapes.rows * shapes.length * per_token * 4
-    logits = shapes.rows * min(shapes.length, cfg.learn.logprob_chunk) * c.vocab_size * 4 * 3
-    params = (c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
-              + c.num_hidden_layers * (c.hidden_size * c.head_dim * (2 * c.num_attention_heads
-                                                                    + 2 * c.num_key_value_heads)
-                                       + 3 * c.hidden_size * c.intermediate_size))
-    return float(acts + logits + 16 * params)
+    """A generous bound on one update without remat (every activation kept, float32 masters and AdamW, the
+    sampler's weight copies; retrojax.plan.admission): when even this fits, auto needs no compile."""
+    return float(sum(train_resident_bytes(cfg, remat=False).values()))
 
 
-def resolve_remat(cfg: Any, log=None) -> bool:
-    """``learn.remat`` as a bool. ``auto``: off when the update fits the device without remat (a rough bound
-    first; otherwise a compile-only plan on this run's mesh), else on."""
+def resolve_remat(cfg: Any, log=None, budget: float | None = None) -> bool:
+    """``learn.remat`` as a bool. ``auto``: off when the update fits the device (``budget`` bytes, default
+    what the device reports) without remat (a rough bound first; otherwise a compile-only plan on this run's
+    mesh), else on."""
     setting = cfg.learn.remat
     if isinstance(setting, bool):
         return setting
     if setting != "auto":
         raise ValueError(f"learn.remat must be true | false | auto, got {setting!r}")
-    budget = device_memory_bytes()
+    budget = device_memory_bytes() if budget is None else budget
     if budget is None or _rough_update_bytes(cfg) <= 0.5 * budget:
         return False
-    from retrojax.model.build import _mesh
+    from retrojax.parallel.mesh import config_mesh
     from retrojax.plan.memory import plan_update, sampler_held_bytes
 
-    mesh = _mesh(cfg)
+    mesh = config_mesh(cfg)
     shards = 1
     if mesh is not None:
         from retrojax.parallel.rules import _axes, rules_for

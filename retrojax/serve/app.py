@@ -227,6 +227,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         spec = getattr(args, "row_buckets", None)
         row_buckets = tuple(int(b) for b in spec.split(",")) if spec else None
+        from retrojax.plan.admission import admit_serving, summary
+
+        planned = admit_serving(model_dir, args.dtype, args.max_batch, args.max_len,
+                                getattr(args, "device_memory", None))  # DoesNotFit: before any allocation
+        print(f"retrojax serve: {summary(planned).removeprefix('plan: ')}", file=sys.stderr)
         engine = load_engine(model_dir, args.tokenizer, rows=args.max_batch, max_len=args.max_len,
                              chunk_steps=args.decode_chunk, dtype=args.dtype, seed=args.seed,
                              adapter=getattr(args, "adapter", None), row_buckets=row_buckets,

@@ -183,7 +183,7 @@ def run_rir(
             cfg, env, policy, settings=settings, tokenizer=tokenizer, record_tokens=record_tokens
         )
         if batch_size is None:
-            batch_size = int(getattr(getattr(cfg, "sampler", None), "max_inflight", 0) or 0)
+            batch_size = cfg.sampler.inflight_rows()
         size = batch_size if batch_size > 0 else max(1, len(specs))
         out = RIRBatch(Archive(), [], [])
         for i in range(0, len(specs), size):

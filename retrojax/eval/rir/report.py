@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from retrojax import config as config_lib
-from retrojax.eval.protocol import evaluate, make_policy, open_transcripts
+from retrojax.eval.protocol import evaluate, make_policy, open_transcripts, plan_policy_rows
 from retrojax.eval.rir import metrics
 from retrojax.eval.rir.run import format_eval
 
@@ -370,8 +370,10 @@ def run_world(
     trials_per_task: int | None,
     transcripts: Any = None,
     only: list[str] | None = None,
+    device_memory: str | None = None,
 ) -> dict[str, Any]:
-    """One world's runs for ``tables``; ``only``: run just these of the tables' protocols."""
+    """One world's runs for ``tables``; ``only``: run just these of the tables' protocols; ``device_memory``:
+    plan the policy's sampler rows for a device of that size (default: the device's own)."""
     cfg = config_lib.load(cfg_path, overrides)
     base = cfg.env.split
     split = split or (base if ":" in base else f"{base}:test")
@@ -384,6 +386,7 @@ def run_world(
             raise ValueError(f"--protocol {missing[0]!r} is not among the tables' protocols: "
                              f"{', '.join(protocols)}")
         protocols = [p for p in protocols if p in only]
+    cfg = plan_policy_rows(cfg, policy_spec, device_memory)
     policy = make_policy(policy_spec, cfg)
     n = tasks if tasks is not None else cfg.eval.num_tasks
     report = evaluate(cfg, policy, split, protocols, seeds, n, trials_per_task, transcripts=transcripts)
@@ -428,6 +431,7 @@ def main(args: argparse.Namespace) -> int:
                     args.trials_per_task,
                     transcripts,
                     [p.strip() for p in (getattr(args, "protocol", None) or "").split(",") if p.strip()],
+                    device_memory=getattr(args, "device_memory", None),
                 )
                 worlds[data["world"]] = data
     except (ValueError, KeyError, FileNotFoundError, config_lib.ConfigError) as e:

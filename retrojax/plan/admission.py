@@ -1,0 +1,312 @@
+"""Admission: every entry point plans before it allocates (``sampler.max_inflight: auto`` and the fit check).
+
+``train``, ``eval``, ``rir`` and ``serve`` call :func:`admit_run` / :func:`admit_rows` first. They take the
+device's memory (what JAX reports for GPU/TPU, the host's RAM on CPU, or ``--device-memory 80GB`` to plan for
+another device) and:
+
+- ``sampler.max_inflight: auto`` becomes the most sampler rows that fit beside what the run keeps resident
+  (weights, the learner's float32 masters, AdamW moments, gradients, the KL reference, the sampler's per-layer
+  weight copies, update activations);
+- an explicit ``max_inflight`` (or ``serve --max-batch``) that does not fit, or a run where not even one row
+  fits, stops with :class:`DoesNotFit` before anything of that size is allocated: the plan's numbers and what
+  to change.
+
+A closed-form bound decides first (shapes and dtypes only; every term rounded up, so the rows it admits
+fit): small runs - the tests, the demo - never compile anything for it. When the bound is tight, the trainer's
+answer comes from the compile-only plan (:func:`retrojax.plan.memory.plan_memory`), which measures the
+update's and the sampler's temporaries. KV bytes are counted per row at ``sampler.max_len`` slots: the
+dense cache holds that much whatever a trial uses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from retrojax.plan.memory import GB, lora_settings, model_shape
+
+# Share of the device the closed-form bound may fill: XLA's own workspace, fragmentation, the host's other
+# processes on CPU. The compile-only plan replaces the bound where it is tight.
+USABLE = 0.85
+# Rows ``auto`` never exceeds (a host with terabytes does not need a million rows)
+ROW_CAP = 4096
+
+
+class DoesNotFit(ValueError):
+    """The plan says the run does not fit the device: the message has the figures and what to change."""
+
+
+def device_memory_bytes() -> float | None:
+    """The first device's memory limit (GPU/TPU ``memory_stats``), or the host's RAM for CPU devices."""
+    import jax
+
+    stats = None
+    try:
+        stats = jax.devices()[0].memory_stats()
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return float(stats["bytes_limit"])
+    try:
+        import psutil
+
+        return float(psutil.virtual_memory().total)
+    except ImportError:
+        return None
+
+
+def param_count(config: Any) -> int:
+    """Parameters of a Qwen3 config (embeddings, attention with q/k norms, SwiGLU MLP, norms, LM head)."""
+    h, d, layers = config.hidden_size, config.head_dim, config.num_hidden_layers
+    attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads) + 2 * d
+    mlp = 3 * h * config.intermediate_size
+    per_layer = attn + mlp + 2 * h
+    head = 0 if config.tie_word_embeddings else config.vocab_size * h
+    return config.vocab_size * h + head + h + layers * per_layer
+
+
+def layer_param_count(config: Any) -> int:
+    """Parameters of the stacked decoder layers (what the sampler copies per layer for decoding)."""
+    return param_count(config) - config.vocab_size * config.hidden_size * (
+        1 if config.tie_word_embeddings else 2) - config.hidden_size
+
+
+def kv_bytes_per_row(config: Any, max_len: int, dtype: str) -> int:
+    """Keys and values of one dense cache row of ``max_len`` slots."""
+    import numpy as np
+
+    itemsize = np.dtype(dtype).itemsize
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * max_len * itemsize
+
+
+def decode_bytes_per_row(config: Any) -> int:
+    """A generous bound on one row's decode temporaries: float32 logits and their softmax/sort buffers."""
+    return 6 * config.vocab_size * 4 + 64 * config.hidden_size * 4
+
+
+def lora_param_count(config: Any, lora: Any) -> int:
+    """Adapter parameters (A and B per targeted projection and layer)."""
+    h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    shapes = {"q": (h, config.num_attention_heads * d), "k": (h, config.num_key_value_heads * d),
+              "v": (h, config.num_key_value_heads * d), "o": (config.num_attention_heads * d, h),
+              "gate": (h, inter), "up": (h, inter), "down": (inter, h)}
+    per_layer = sum(lora.rank * (a + b) for t, (a, b) in shapes.items() if t in lora.targets)
+    return config.num_hidden_layers * per_layer
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return int(np.dtype(dtype).itemsize)
+
+
+def train_resident_bytes(cfg: Any, remat: bool = False) -> dict[str, float]:
+    """Closed-form bytes a trainer keeps besides the sampler's rows (one device, no mesh), by part; ``remat``:
+    the update keeps only each layer's input (and one layer's activations) for the backward pass."""
+    c = model_shape(cfg)
+    it = _itemsize(cfg.model.dtype)
+    lora = lora_settings(cfg)
+    n = param_count(c)
+    trainable = n if lora is None else lora_param_count(c, lora)
+    train_it = it if lora is None else _itemsize(lora.dtype)
+    master_it = 4 if cfg.learn.master_dtype == "float32" else train_it
+    master_it = max(master_it, train_it)
+    parts = {
+        "weights": float(n * it + (0 if lora is None else trainable * train_it)),
+        "masters": float(trainable * master_it if master_it != train_it else 0),
+        "adamw": float(2 * trainable * master_it),
+        "grads": float(trainable * master_it),
+        "reference": float(trainable * train_it if cfg.learn.kl_coef > 0 or cfg.learn.track_kl_ref else 0),
+        "layer_copies": float(layer_param_count(c) * it),
+    }
+    # update activations: every layer's activations of one microbatch in float32 (remat: one layer's, plus
+    # each layer's input), plus the chunked LM head's logits (three float32 copies: logits, softmax, gradient)
+    fitting = [b for b in cfg.learn.seq_buckets if b <= cfg.sampler.max_len]
+    length = max(fitting) if fitting else min(cfg.learn.seq_buckets)
+    rows = max(1, cfg.learn.max_batch_tokens // length)
+    per_token = 16 * c.hidden_size + 8 * c.intermediate_size + 8 * c.num_attention_heads * c.head_dim
+    tokens = rows * length
+    # attention scores, probabilities and their gradient in float32 as if unblocked ([rows, heads, L, L]):
+    # an over-count where attention is computed in blocks, so that the bound stays a bound on every layout
+    scores = 3 * rows * c.num_attention_heads * length * length * 4
+    acts = (tokens * per_token * 4 + scores + c.num_hidden_layers * tokens * c.hidden_size * 4 if remat
+            else c.num_hidden_layers * (tokens * per_token * 4 + scores))
+    logits = rows * min(length, cfg.learn.logprob_chunk) * c.vocab_size * 4 * 3
+    parts["activations"] = float(acts + logits)
+    return parts
+
+
+def inference_resident_bytes(config: Any, dtype: str) -> dict[str, float]:
+    """Closed-form bytes a decoding-only run keeps besides its rows: the weights and the per-layer copies."""
+    it = _itemsize(dtype)
+    return {"weights": float(param_count(config) * it), "layer_copies": float(layer_param_count(config) * it)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Admission:
+    """What the plan decided: the rows to run, and the figures behind them (``plan.*`` keys)."""
+
+    max_inflight: int
+    figures: dict[str, Any]
+
+
+def _rows_that_fit(budget: float, resident: float, per_row: float) -> int:
+    return int(max(0.0, USABLE * budget - resident) // max(per_row, 1.0))
+
+
+def _describe(parts: dict[str, float]) -> str:
+    return " + ".join(f"{k.replace('_', ' ')} {v / GB:.2f}" for k, v in parts.items() if v > 0)
+
+
+def admit_rows(*, job: str, resident: dict[str, float], per_row: float, budget: float, requested: Any,
+               wanted: int | None, hint: str) -> Admission:
+    """Rows for a run whose memory is ``resident`` + rows × ``per_row`` (closed form).
+
+    ``requested``: ``auto`` or an explicit row count (0 = every row the job has, ``wanted``). ``hint`` says
+    what to change when nothing fits.
+    """
+    fixed = sum(resident.values())
+    fit = min(_rows_that_fit(budget, fixed, per_row), ROW_CAP)
+    figures: dict[str, Any] = {
+        "plan.job": job, "plan.device_gb": budget / GB, "plan.resident_gb": fixed / GB,
+        **{f"plan.resident.{k}_gb": v / GB for k, v in resident.items()},
+        "plan.per_row_gb": per_row / GB, "plan.max_inflight_fit": fit,
+        "plan.max_inflight_setting": str(requested),
+    }
+    head = (f"{job}: {fixed / GB:.2f} GB resident ({_describe(resident)}) + {per_row / GB:.3f} GB per "
+            f"sampler row on a {budget / GB:.1f} GB device (usable {USABLE:.0%})")
+    if fit < 1:
+        raise DoesNotFit(f"{head}: not even one row fits. {hint}")
+    if requested == "auto":
+        rows = fit if wanted is None else min(fit, wanted)
+    else:
+        rows = int(requested) or (wanted if wanted is not None else fit)
+        if rows > fit:
+            raise DoesNotFit(f"{head}: {rows} rows were asked for, at most {fit} fit. Set "
+                             f"sampler.max_inflight to {fit} or less (or auto). {hint}")
+    figures["plan.max_inflight"] = rows
+    return Admission(rows, figures)
+
+
+def _train_hint(cfg: Any) -> str:
+    tips = []
+    if lora_settings(cfg) is None:
+        tips.append("train LoRA adapters (learn.lora.rank > 0)")
+    if cfg.learn.master_dtype == "float32" and cfg.model.dtype != "float32":
+        tips.append("keep no float32 masters (learn.master_dtype=model, knowingly)")
+    tips += ["shorten sampler.max_len", "shard over more devices (mesh)", "use a smaller model"]
+    return "To fit: " + ", ".join(tips) + "."
+
+
+def check_certain(cfg: Any, budget: float) -> None:
+    """``DoesNotFit`` when the exactly known parts of a training run - weights, masters, AdamW, gradients,
+    the reference, the sampler's weight copies and one KV row - exceed ``budget`` (no compile needed)."""
+    c = model_shape(cfg)
+    certain = {k: v for k, v in train_resident_bytes(cfg).items() if k != "activations"}
+    row = kv_bytes_per_row(c, cfg.sampler.max_len, cfg.model.dtype)
+    need = sum(certain.values()) + row
+    if need > budget:
+        raise DoesNotFit(f"train: the weights, optimizer state and one sampler row alone need "
+                         f"{need / GB:.2f} GB ({_describe(certain)} + one row {row / GB:.3f}) of a "
+                         f"{budget / GB:.1f} GB device. {_train_hint(cfg)}")
+
+
+def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None) -> Admission:
+    """Rows for ``retrojax train`` (``remat``: the resolved ``learn.remat``): the closed-form bound when it
+    admits every row of an update (or an explicit count), else the compile-only plan's figures."""
+    c = model_shape(cfg)
+    wanted = cfg.learn.tasks_per_update * cfg.trial.trials_per_task
+    resident = train_resident_bytes(cfg, remat)
+    per_row = kv_bytes_per_row(c, cfg.sampler.max_len, cfg.model.dtype) + decode_bytes_per_row(c)
+    requested = cfg.sampler.max_inflight
+    hint = _train_hint(cfg)
+    try:
+        found = admit_rows(job="train", resident=resident, per_row=per_row, budget=budget,
+                           requested=requested, wanted=wanted, hint=hint)
+        if found.max_inflight >= wanted or requested not in ("auto", 0):
+            found.figures["plan.method"] = "bound"
+            return found
+        says = f"at most {found.max_inflight} of {wanted} rows"
+    except DoesNotFit:
+        check_certain(cfg, budget)
+        says = "no row"
+    if log is not None:  # the bound is tight: the compiled programs' own figures decide
+        log(f"plan: the closed-form bound admits {says}; compiling the plan")
+    from retrojax.plan.memory import plan_memory
+
+    rows = wanted if requested == "auto" or not requested else int(requested)
+    planned = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, max_inflight=rows),
+                                  learn=dataclasses.replace(cfg.learn, remat=remat))
+    figures = plan_memory(planned, budget, log=log or (lambda _: None), compare=False)
+    fit = min(int(figures["plan.max_inflight_fit"]), ROW_CAP)
+    figures.update({"plan.job": "train", "plan.method": "compile",
+                    "plan.max_inflight_setting": str(requested)})
+    # the plan's fit counts the update, the log-prob pass and rollouts, each with that many KV rows held
+    if fit < 1:
+        raise DoesNotFit(f"train: {figures.get('plan.reason', 'not even one sampler row fits')}. {hint}")
+    if requested == "auto":
+        rows = min(fit, wanted)
+    elif rows > fit:
+        raise DoesNotFit(f"train: {rows} sampler rows were asked for, at most {fit} fit "
+                         f"({figures.get('plan.reason', '')}). Set sampler.max_inflight to {fit} or less "
+                         f"(or auto). {hint}")
+    if "plan.reason" in figures:  # what would not fit at every row of the update; these rows do
+        figures["plan.reason_at_every_row"] = figures.pop("plan.reason")
+    figures["plan.fits"] = True
+    figures["plan.max_inflight"] = rows
+    return Admission(rows, figures)
+
+
+def admit_decoding(cfg: Any, budget: float, config: Any = None, job: str = "eval") -> Admission:
+    """Rows for a decoding-only run (``eval``/``rir`` with a model policy): weights + rows of KV."""
+    c = config if config is not None else model_shape(cfg)
+    per_row = kv_bytes_per_row(c, cfg.sampler.max_len, cfg.model.dtype) + decode_bytes_per_row(c)
+    return admit_rows(job=job, resident=inference_resident_bytes(c, cfg.model.dtype), per_row=per_row,
+                      budget=budget, requested=cfg.sampler.max_inflight, wanted=None,
+                      hint="To fit: shorten sampler.max_len, lower sampler.max_inflight or use a smaller "
+                           "model.")
+
+
+def admit_serving(model_dir: Any, dtype: str, rows: int, max_len: int,
+                  device_memory: str | None = None) -> Admission:
+    """``retrojax serve``: ``rows`` (``--max-batch``) rows of ``max_len`` slots beside the weights, or
+    ``DoesNotFit`` before the checkpoint is read."""
+    from retrojax.model.qwen3 import Qwen3Config
+
+    config = Qwen3Config.from_json(model_dir)
+    per_row = kv_bytes_per_row(config, max_len, dtype) + decode_bytes_per_row(config)
+    return admit_rows(job="serve", resident=inference_resident_bytes(config, dtype), per_row=per_row,
+                      budget=device_budget(device_memory), requested=rows, wanted=rows,
+                      hint="To fit: lower --max-batch or --max-len, or serve a smaller model.")
+
+
+def resolve(cfg: Any, admission: Admission) -> Any:
+    """``cfg`` with ``sampler.max_inflight`` set to the admitted row count."""
+    sampler = dataclasses.replace(cfg.sampler, max_inflight=admission.max_inflight)
+    return dataclasses.replace(cfg, sampler=sampler)
+
+
+def device_budget(device_memory: str | None) -> float:
+    """``--device-memory`` in bytes when given, else the device's own memory (retrojax.plan.runtime)."""
+    if device_memory:
+        from retrojax.plan.cli import parse_bytes
+
+        return parse_bytes(device_memory)
+    found = device_memory_bytes()
+    if found is None:
+        raise ValueError("the device reports no memory size: pass --device-memory (e.g. 80GB)")
+    return found
+
+
+def summary(admission: Admission) -> str:
+    """One log line: the setting, the rows chosen, and how they were found."""
+    f = admission.figures
+    n = admission.max_inflight
+    return (f"plan: sampler.max_inflight {f['plan.max_inflight_setting']} -> {n} row{'s' if n != 1 else ''}"
+            f" (fit {f['plan.max_inflight_fit']} on {f['plan.device_gb']:.1f} GB, by the "
+            f"{f.get('plan.method', 'bound')})")
+
+
+__all__ = ["Admission", "DoesNotFit", "admit_decoding", "admit_rows", "admit_serving", "admit_train",
+           "device_budget",
+           "kv_bytes_per_row", "param_count", "resolve", "summary"]
