@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from retrojax.agent.chat import ByteChatTokenizer
+from retrojax.model.tokenizer import ByteChatTokenizer
 
 
 class ByteTokenizer(ByteChatTokenizer):

@@ -29,6 +29,35 @@ _SPM_FILE = "spm.model"
 _SPM_META = "retrojax_tokenizer.json"
 
 
+class ByteChatTokenizer:
+    """One id per UTF-8 byte (0-255) and special ids for the chat markers (ChatML-like layout)."""
+
+    IM_START = 256
+    IM_END = 257
+    vocab_size = 258
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", "surrogatepass"))
+
+    def encode_turn(self, role: str, text: str) -> list[int]:
+        return [self.IM_START, *self.encode(f"{role}\n{text}"), self.IM_END, *self.encode("\n")]
+
+    def generation_prompt(self) -> list[int]:
+        return [self.IM_START, *self.encode("assistant\n")]
+
+    def close_turn(self, output_ids: Sequence[int]) -> list[int]:
+        ended = len(output_ids) > 0 and int(output_ids[-1]) == self.IM_END
+        return ([] if ended else [self.IM_END]) + self.encode("\n")
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return [self.IM_END]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
+        return data.decode("utf-8", "replace")
+
+
 class Backend(Protocol):
     """Text <-> ids without any added BOS/EOS; special tokens in text are recognized as single ids."""
 
