@@ -157,3 +157,13 @@ def test_serve_refuses_a_batch_that_does_not_fit(micro_dir, capsys):
     assert serve_main(args) == 2
     err = capsys.readouterr().err
     assert "serve:" in err and "512 rows were asked for" in err and "--max-batch" in err
+
+
+def test_train_resolves_auto_before_building_anything():
+    from retrojax.learn.cli import plan_run
+
+    cfg = load("configs/sokoban_tiny.yaml", [])
+    assert cfg.sampler.max_inflight == "auto"
+    planned, admission, remat = plan_run(cfg, "24GB")
+    assert planned.sampler.max_inflight == admission.max_inflight == 8  # 2 tasks x 4 trials: all fit
+    assert admission.figures["plan.method"] == "bound" and remat is False
