@@ -84,7 +84,7 @@ class SamplerConfig:
     # ours: paged | dense. paged: keys/values in a pool of fixed-size pages, a page table per row, a task's
     # shared prompt pages stored once (retrojax.sampling.pages, docs/paged-cache.md); dense: max_len slots per
     # row. The same tokens and log-probs either way
-    kv: str = "dense"
+    kv: str = "paged"
 
     def inflight_rows(self) -> int:
         """``max_inflight`` as a row limit: 0 (every trial of a batch) while ``auto`` is unresolved."""

@@ -70,12 +70,12 @@ class Job:
 class Engine:
     """See the module docstring. ``rows``: requests decoded together; ``max_len``: prompt + reply tokens;
     ``row_buckets``: row counts programs run on (None: powers of two up to ``rows``); ``log``: gets one line
-    per new program."""
+    per new program; ``kv``/``pages``: paged (default) or dense keys/values, and the page pool's size."""
 
     def __init__(self, model: Any, tokenizer: Any, *, rows: int = 16, max_len: int = 2048,
                  chunk_steps: int = 4, seed: int = 0, chunk_buckets: tuple[int, ...] = (32, 128, 512, 2048),
                  min_window: int = 256, row_buckets: Sequence[int] | None = None,
-                 log: Callable[[str], None] | None = None, kv: str = "dense", pages: int | None = None):
+                 log: Callable[[str], None] | None = None, kv: str = "paged", pages: int | None = None):
         if chunk_steps < 1:
             raise ValueError(f"chunk_steps must be >= 1, got {chunk_steps}")
         self.sampler = RowBucketSampler(model, rows=rows, max_len=max_len, tokenizer=None,
