@@ -73,7 +73,7 @@ from retrojax.model.qwen3 import (
 from retrojax.parallel.rules import MeshFromArgs, partition_spec, rules_for
 from retrojax.parallel.shard import model_mesh, place_cache
 from retrojax.sampling.distribution import row_keys, sample
-from retrojax.sampling.pages import PageBook, pages_for
+from retrojax.sampling.pages import PAGE_SIZE, PageBook, pages_for
 from retrojax.sampling.rows import CacheOverflowError, RowBook, SamplerError, bucket_for, clip_buckets
 from retrojax.sampling.stops import (
     StopStringTables,
@@ -141,7 +141,7 @@ class Sampler:
         min_window: int = 256,
         min_out_len: int = 16,
         kv: str = "dense",
-        page_size: int = 64,
+        page_size: int = PAGE_SIZE,
         pages: int | None = None,
     ):
         self.config = model.config

@@ -241,3 +241,25 @@ def test_page_book_invariants(ops):
                     for o in others:
                         j = int(np.flatnonzero(book.row_pages(o) == p)[0])
                         assert j == i
+
+
+def test_bench_replay_counts_shared_prompt_pages_once():
+    """The bench's archive replay (retrojax bench sampler, sampler.kv.*): two trials of a task with one
+    130-token prompt and different 10-token replies hold its two full pages once."""
+    from types import SimpleNamespace
+
+    from retrojax.bench.kv_pages import memory_figures, replay
+
+    prompt = ids(30, 130)
+    calls = {t: [SimpleNamespace(trial=t, task=0, role="execution", prompt_ids=prompt,
+                                 output_ids=ids(31 + t, 10))] for t in (0, 1)}
+    archive = SimpleNamespace(calls=calls[0] + calls[1], tasks=lambda: [0], calls_of=lambda t: calls[t])
+    cfg = SimpleNamespace(sampler=SimpleNamespace(max_len=1024, max_new_tokens=64, max_reflection_tokens=64))
+    totals = replay(archive, cfg)
+    # each row: 139 slots = 3 pages; pages 0 and 1 shared; during the call each reserves 129 + 64 slots
+    assert totals["row_pages"] == 6 and totals["distinct_pages"] == 4 and totals["used_tokens"] == 280
+    assert totals["call_distinct_pages"] == 2 + 2 * 2
+    figures = memory_figures(totals, cfg)
+    assert figures["sampler.kv.prompt_share"] == pytest.approx(1 / 3)
+    assert figures["sampler.kv.paged.allocated_over_used"] == pytest.approx(6 * 64 / 280)
+    assert figures["sampler.kv.dense.allocated_over_used"] == pytest.approx(2 * 1024 / 280)

@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from retrojax.sampling.pages import PageBook, kv_bytes_per_token, pages_for
+from retrojax.sampling.pages import PAGE_SIZE, PageBook, kv_bytes_per_token, pages_for
 
-PAGE_SIZE = 64
 HBM_BYTES = 80e9
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 NULL_PAGE = 0
+PAGE_SIZE = 64  # the samplers' default: a partly used last page wastes under 32 slots a row on average
 
 
 class PoolFullError(RuntimeError):
