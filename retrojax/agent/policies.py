@@ -267,13 +267,14 @@ class ModelPolicy(Policy):
                  chunk_buckets: Sequence[int] = (32, 128, 512, 2048),
                  stop_strings: Sequence[str] = ("</action>",),
                  reflection_stop_strings: Sequence[str] = ("</action>",), row_buckets: bool = False,
-                 longest_reply: int = 16, kv: str = "dense"):
+                 longest_reply: int = 16, kv: str = "dense", kv_pages: int | None = None):
         self.model = model
         # the longest reply any call asks for (tokens): the sampler's decode buffers are at least this long,
         # so execution and reflection calls share decode programs (each request keeps its own limit)
         self.longest_reply = int(longest_reply)
         self.row_buckets = row_buckets
         self.kv = kv  # the sampler's key/value layout (sampler.kv: paged | dense)
+        self.kv_pages = kv_pages  # paged: the page pool's size (None: every row at max_len)
         self.raw_tokenizer = tokenizer
         self.tokenizer = wrap_tokenizer(tokenizer)
         self.max_len, self.temperature, self.top_p, self.top_k = max_len, temperature, top_p, top_k
@@ -301,7 +302,8 @@ class ModelPolicy(Policy):
             if self.row_buckets:  # each call decodes only its rows (sampler.row_buckets)
                 from retrojax.serve.batching import RowBucketSampler as kind
             self.sampler = kind(self.model, rows=rows, max_len=self.max_len, tokenizer=self.raw_tokenizer,
-                                chunk_buckets=self.chunk_buckets, min_out_len=self.longest_reply, kv=self.kv)
+                                chunk_buckets=self.chunk_buckets, min_out_len=self.longest_reply, kv=self.kv,
+                                pages=self.kv_pages if self.kv == "paged" else None)
         for s in slots:
             self.sampler.reset(s)
 
