@@ -91,6 +91,7 @@ QUICK = [
     "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.num_solver_episodes=6",
     "sft.num_recovery_episodes=6", "learn.updates=2", "learn.tasks_per_update=1", "trial.trials_per_task=3",
     "eval.num_tasks=3", "trial.max_calls=6", "sampler.chunk_buckets=[64]", "learn.seq_buckets=[1024]",
+    "sampler.max_inflight=4", "learn.minibatches=1", "learn.epochs=1",
 ]
 
 
