@@ -530,8 +530,9 @@ def closing_notes(results: dict[str, Any], history: list[dict[str, float]], cfg:
     if len(invalid) >= 2:
         notes.append(f"Invalid turns per training trial went from {invalid[0]:.2f} (update 1) to "
                      f"{invalid[-1]:.2f} (update {len(invalid)}).")
-    notes.append("Numbers are from one run with the seeds in the config; the 95% intervals are Wilson "
-                 "intervals over trials.")
+    notes.append("Numbers are from one run with the seeds in the config; the 95% intervals count held-out "
+                 "rooms, not trials (Wilson at the room-clustered effective trial count; differences paired "
+                 "per room and clustered by room).")
     return notes
 
 

@@ -114,11 +114,15 @@ def test_a_paired_comparison_is_judged_by_its_paired_interval(tmp_path):
                                for i, ok in enumerate(wins)])
 
     sft = [i % 4 == 0 for i in range(64)]  # 16 of 64
-    rl = [ok or i % 8 == 1 for i, ok in enumerate(sft)]  # the same wins and 8 more: +12.5 pts on every pair
+    # the same wins and 8 more, spread over four levels (two seeds each): +12.5 pts. The paired interval is
+    # clustered by level, so 8 more wins on one level alone would not exclude 0
+    rl = [ok or i % 8 == 2 * (i // 8 % 4) + 1 for i, ok in enumerate(sft)]
     pairs = demo.heldout_pairs(archive(sft), archive(rl), ["T@1", "T@3"])
     assert list(pairs) == [("SFT", "RL", "T@1")]  # no T@3 trials: no pair
     mean, lo, hi = pairs[("SFT", "RL", "T@1")]
     assert mean == pytest.approx(0.125) and 0 < lo < mean < hi
+    one_level = [ok or i % 8 == 1 for i, ok in enumerate(sft)]
+    assert demo.heldout_pairs(archive(sft), archive(one_level), ["T@1"])[("SFT", "RL", "T@1")][1] < 0
     overlapping = {"SFT": {"T@1": {"success": 0.25, "ci95": [0.16, 0.37]}},
                    "RL": {"T@1": {"success": 0.375, "ci95": [0.27, 0.50]}}}
     assert "not statistically supported" in report.compare_sentence(overlapping, "SFT", "RL", "T@1")

@@ -9,7 +9,7 @@ Arms, all from the same exported SFT policy and evaluated on the same held-out l
 
 Figures: ``compare.<arm>.<protocol>`` (held-out success) with ``.ci95_lo/hi`` for the start (``sft``) and
 every arm, and paired differences ``compare.<a>_minus_<b>.<protocol>`` with their 95% intervals (trials
-paired by level and seed).
+paired by level and seed); every interval is clustered by level.
 """
 
 from __future__ import annotations
@@ -30,17 +30,18 @@ PAIRS = (("retrail", "sft"), ("grpo", "sft"), ("sft_more", "sft"), ("retrail", "
 
 
 def compare_figures(outcomes: dict[str, dict[tuple[str, int, int], bool]]) -> dict[str, Any]:
-    """Held-out success per arm and protocol (Wilson intervals) and paired differences between arms."""
-    from retrojax.eval.metrics import paired_outcomes, wilson
+    """Held-out success per arm and protocol and paired differences between arms, intervals clustered by
+    level (``eval.metrics``: a level's seeds are not independent trials)."""
+    from retrojax.eval.metrics import paired_outcomes, room_success_interval
 
     out: dict[str, Any] = {}
     for arm, trials in outcomes.items():
         for p in PROTOCOLS:
-            xs = [ok for (proto, _, _), ok in trials.items() if proto == p]
+            xs = [(level, ok) for (proto, level, _), ok in trials.items() if proto == p]
             if not xs:
                 continue
-            out[f"compare.{arm}.{p}"] = sum(xs) / len(xs)
-            out[f"compare.{arm}.{p}.ci95_lo"], out[f"compare.{arm}.{p}.ci95_hi"] = wilson(sum(xs), len(xs))
+            out[f"compare.{arm}.{p}"] = sum(ok for _, ok in xs) / len(xs)
+            out[f"compare.{arm}.{p}.ci95_lo"], out[f"compare.{arm}.{p}.ci95_hi"] = room_success_interval(xs)
     for a, b in PAIRS:
         if a not in outcomes or b not in outcomes:
             continue

@@ -1,1 +1,1 @@
-"""Evaluation: metrics with Wilson intervals, protocol runs (`retrojax eval`), reports."""
+"""Evaluation: metrics with room-clustered intervals, protocol runs (`retrojax eval`), reports."""

@@ -1,11 +1,11 @@
 """Protocol runs: ``retrojax eval`` — success rates of a policy under P@1 / T@1 / T@k.
 
-All protocols, seeds and tasks run together in one batched runner call (trials of different protocols
-share their random draws per (seed, task, replicate), so protocol differences are paired). The report
-gives per protocol the success rate with a Wilson 95% interval over all trials, the mean ± std of the
+All protocols, seeds and tasks run together in one batched runner call (trials of different protocols share
+their random draws per (seed, task, replicate), so protocol differences are paired). The report gives per
+protocol the success rate with a 95% interval clustered by task (``eval.metrics``), the mean ± std of the
 per-seed success rates, calls, rewinds, distinct states visited and actions to success, plus
-``Δpro = T@1 − P@1`` and ``Δref = T@3 − T@1`` when those protocols are present. ``--json PATH`` writes
-the same figures with stable keys ``results.<protocol>.{success, ci95, calls, rewinds, …}``.
+``Δpro = T@1 − P@1`` and ``Δref = T@3 − T@1`` when those protocols are present. ``--json PATH`` writes the
+same figures with stable keys ``results.<protocol>.{success, ci95, calls, rewinds, …}``.
 ``--transcripts FILE`` writes one JSON line per model call, agent and auxiliary, ReTRAIL and RIR alike
 (:class:`~retrojax.agent.policies.TranscriptPolicy`: protocol, task, seed, trial, call, role, messages,
 reply).

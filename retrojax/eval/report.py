@@ -116,8 +116,8 @@ def compare_sentence(results: Results, before: str, after: str, protocol: str,
     """One honest sentence comparing two policies on one protocol.
 
     ``paired``: (mean, lo, hi) of ``after − before`` over the trials both played on the same levels and seeds
-    (``eval.metrics.paired_outcomes``). When given, its interval decides: two policies scored on the same
-    trials differ with less noise than their separate intervals suggest."""
+    (``eval.metrics.paired_outcomes``, its interval clustered by level). When given, its interval decides:
+    two policies scored on the same trials differ with less noise than their separate intervals suggest."""
     try:
         ra, rb = results[before][protocol], results[after][protocol]
     except KeyError:
@@ -128,7 +128,7 @@ def compare_sentence(results: Results, before: str, after: str, protocol: str,
     ci_a, ci_b = ra.get("ci95"), rb.get("ci95")
     if paired is not None:
         mean, lo, hi = (100 * float(x) for x in paired)
-        support = (f"paired by level and seed, {mean:+.1f} pts [{lo:+.1f}, {hi:+.1f}]: "
+        support = (f"paired by level and seed, {mean:+.1f} pts [{lo:+.1f}, {hi:+.1f}] clustered by level: "
                    + ("an interval that excludes 0" if lo > 0 or hi < 0 else
                       "the interval includes 0, so this difference is not statistically supported"))
     elif ci_a and ci_b:

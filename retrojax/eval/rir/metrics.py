@@ -1,12 +1,12 @@
 """RIR metrics over :class:`~retrojax.agent.rir.controller.RIRRecord` s.
 
-Per protocol: ``success`` with its Wilson 95% interval ``ci95``, per-seed rates (mean ± std),
-``dense_reward`` (ScienceWorld: the normalized final score; the games: the binary outcome), ``actions``
-(environment actions executed, abandoned ones included), ``steps`` (length of the final path), ``reviews``
-(and by trigger), ``rollbacks`` (executed restores), ``recoveries``, ``aux_calls`` (and by role),
-``agent_calls``, plus the keys ReTRAIL's eval table prints (``calls``, ``rewinds``, ``distinct_states``,
-``actions_to_success``). :func:`paired` gives the mean paired difference of two protocols over the same
-(seed, task, replicate) with a normal 95% interval.
+Per protocol: ``success`` with its 95% interval ``ci95`` clustered by task (``eval.metrics``), per-seed
+rates (mean ± std), ``dense_reward`` (ScienceWorld: the normalized final score; the games: the binary
+outcome), ``actions`` (environment actions executed, abandoned ones included), ``steps`` (length of the
+final path), ``reviews`` (and by trigger), ``rollbacks`` (executed restores), ``recoveries``, ``aux_calls``
+(and by role), ``agent_calls``, plus the keys ReTRAIL's eval table prints (``calls``, ``rewinds``,
+``distinct_states``, ``actions_to_success``). :func:`paired` gives the mean paired difference of two
+protocols over the same (seed, task, replicate) with a normal 95% interval clustered by task.
 """
 
 from __future__ import annotations
@@ -16,14 +16,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from retrojax.agent.rir.controller import AUX_ROLES, RIRRecord
-from retrojax.eval.metrics import _mean, _std, paired_difference, seed_success_rates, token_usage, wilson
+from retrojax.eval.metrics import (
+    _mean,
+    _std,
+    clustered_wilson,
+    group_by_room,
+    paired_difference,
+    seed_success_rates,
+    token_usage,
+)
 
 
 def protocol_summary(records: Sequence[RIRRecord]) -> dict[str, Any]:
     n = len(records)
     wins = sum(r.success for r in records)
     seed_rates = seed_success_rates(records)
-    lo, hi = wilson(wins, n)
+    lo, hi = clustered_wilson(group_by_room((r.task, r.success) for r in records))
 
     def mean(f) -> float:
         return _mean([float(f(r)) for r in records]) or 0.0
@@ -79,14 +87,15 @@ def summarize(records: Iterable[RIRRecord]) -> dict[str, dict[str, Any]]:
 
 
 def paired(records: Iterable[RIRRecord], a: str, b: str, field: str = "success") -> dict[str, float]:
-    """Mean of ``a − b`` over runs sharing (seed, task, replicate), with its 95% interval."""
+    """Mean of ``a − b`` over runs sharing (seed, task, replicate), its 95% interval clustered by task."""
     by: dict[str, dict[tuple[int, int, int], float]] = defaultdict(dict)
     for r in records:
         by[r.protocol][(r.seed, r.task, r.replicate)] = float(getattr(r, field))
     keys = sorted(set(by[a]) & set(by[b]))
     if not keys:
         raise ValueError(f"no paired runs of {a} and {b}")
-    m, lo, hi = paired_difference([by[a][k] for k in keys], [by[b][k] for k in keys])
+    m, lo, hi = paired_difference([by[a][k] for k in keys], [by[b][k] for k in keys],
+                                  rooms=[k[1] for k in keys])
     return {"mean": m, "lo": lo, "hi": hi, "n": len(keys)}
 
 
