@@ -13,6 +13,10 @@ from retrojax.learn.warm_start import demo_protocols, demo_task_count, run_demon
 
 # packed demonstrations of the fixture below are at most 1,695 tokens: every example fits, at half a 4096 step
 SEQ_LEN = 2048
+# The SFT runs below step at this one length (learn.seq_buckets) in token-tree rows: each SFT run compiles its
+# step for every (rows, length) its batches take, and these tests check the stop rule, the schedule and the
+# layouts, not the bucketing (tests/test_sft.py covers bucket_for and default_buckets)
+ONE_BUCKET = {"seq_buckets": (SEQ_LEN,)}
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +88,17 @@ def test_evaluation_list_does_not_change_the_demonstrations():
 
 
 def _tiny_model():
+    """A one-layer Qwen3 over the byte tokenizer's 258 ids: what these tests check (stop rules, schedules,
+    layouts, weights) does not depend on its size, and its programs compile in half the time of two layers."""
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model import PRESETS, Qwen3
+    from retrojax.model import Qwen3, Qwen3Config
 
-    return Qwen3(PRESETS["tiny"], dtype=jnp.float32, rngs=nnx.Rngs(0))
+    micro = Qwen3Config(vocab_size=258, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                        max_position_embeddings=SEQ_LEN)
+    return Qwen3(micro, dtype=jnp.float32, rngs=nnx.Rngs(0))
 
 
 def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
@@ -103,7 +112,8 @@ def test_warm_start_stops_at_the_first_check_that_reaches_the_target(demos):
 
     cfg, archive, _ = demos
     cfg = replace(cfg, sft={"steps": 8, "batch_size": 2, "seq_len": SEQ_LEN, "stop_at_success": 0.25,
-                            "stop_at_levels": 1.0, "check_from": 2, "check_every": 2})
+                            "stop_at_levels": 1.0, "check_from": 2, "check_every": 2, "layout": "tree"},
+                  learn=ONE_BUCKET)
     model = _tiny_model()
     # step 2: too few trials; step 4: enough trials but one level never solved; step 6: both reached
     scripted, seen = iter([(0.125, 0.5), (0.5, 0.75), (0.25, 1.0)]), []
@@ -125,7 +135,8 @@ def test_warm_start_without_a_stop_rule_runs_every_step_and_rejects_bad_rules(de
     from retrojax.learn.warm_start import warm_start
 
     cfg, archive, _ = demos
-    cfg = replace(cfg, sft={"steps": 3, "batch_size": 2, "seq_len": SEQ_LEN})
+    cfg = replace(cfg, sft={"steps": 3, "batch_size": 2, "seq_len": SEQ_LEN, "layout": "tree"},
+                  learn=ONE_BUCKET)
     stats = warm_start(cfg, _tiny_model(), archive, ByteChatTokenizer(), progress=False,
                        play_pool=lambda: (1.0, 1.0))
     assert stats["steps"] == 3 and stats["pool_checks"] == []
@@ -174,7 +185,8 @@ def test_a_warmup_stable_decay_stop_judges_annealed_branches(demos, monkeypatch)
 
         rates.clear()
         history = sft.train_sft(model, examples, steps=steps, batch_size=2, learning_rate=1e-3, seed=0,
-                                check_steps={2, 4}, stop_when=stop_when, anneal_steps=2)
+                                check_steps={2, 4}, stop_when=stop_when, anneal_steps=2,
+                                buckets=ONE_BUCKET["seq_buckets"])
         assert len(history) == expect_history and rates == expect_rates
         assert [k for k, _ in judged] == [4, 6][:len(verdicts)]  # a check's step counts its branch's anneal
         if verdicts[-1]:
@@ -238,7 +250,8 @@ def test_sft_layout_changes_how_steps_are_laid_out_not_what_they_learn(demos, mo
     assert cfg.learn.layout != "tree"
     for layout in (None, "tree"):
         used.clear()
-        run = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": SEQ_LEN, "layout": layout})
+        run = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": SEQ_LEN, "layout": layout},
+                      learn=ONE_BUCKET)
         stats = warm_start(run, _tiny_model(), archive, ByteChatTokenizer(), progress=False,
                            play_pool=lambda: (1.0, 1.0))
         assert set(used) == {layout or cfg.learn.layout} and len(used) >= 2
