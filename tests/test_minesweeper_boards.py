@@ -111,7 +111,8 @@ def test_generate_rejects_bad_arguments():
 
 
 def test_splits_are_cached_disjoint_and_named(tmp_path, monkeypatch):
-    monkeypatch.setitem(boards.SPLITS, "minesweeper-6x6-3", boards.SplitSpec(6, 3, 5, 6, train_n=6, test_n=4))
+    spec = boards.SplitSpec(6, 3, 5, 6, train_n=6, test_n=4, val_n=3)
+    monkeypatch.setitem(boards.SPLITS, "minesweeper-6x6-3", spec)
     train = ms.load_split("minesweeper-6x6-3:train", cache=tmp_path)
     test = ms.load_split("minesweeper-6x6-3:test", cache=tmp_path)
     assert (len(train), len(test)) == (6, 4) and test.name == "minesweeper-6x6-3:test"
@@ -119,6 +120,8 @@ def test_splits_are_cached_disjoint_and_named(tmp_path, monkeypatch):
     assert not any(m.tobytes() + c.tobytes() in ids
                    for m, c in zip(test.mines, test.first_click, strict=True))
     assert len(list(tmp_path.rglob("*.npz"))) == 2
+    assert len(ms.load_split("minesweeper-6x6-3:val", cache=tmp_path)) == 3  # train and test from the cache
+    assert len(list(tmp_path.rglob("*.npz"))) == 3
 
     def no_generation(*args, **kwargs):
         raise AssertionError("a cached split was generated again")

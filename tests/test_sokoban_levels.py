@@ -56,13 +56,15 @@ def test_generator_rejects_bad_arguments():
 
 
 def test_split_is_cached_and_train_test_disjoint(tmp_path, monkeypatch):
-    spec = levels.SplitSpec((5, 5), 1, 2, 12, 11, 12, n_train=6, n_test=4)
+    spec = levels.SplitSpec((5, 5), 1, 2, 12, 11, 12, n_train=6, n_test=4, n_val=3)
     monkeypatch.setitem(levels.SPLITS, "sokoban-test-tiny", spec)
     monkeypatch.setenv("RETROJAX_CACHE", str(tmp_path))
     test = sk.load_split("sokoban-test-tiny:test")  # generates train first (to exclude its levels)
     train = sk.load_split("sokoban-test-tiny:train")
     assert (len(train), len(test)) == (6, 4) and test.name == "sokoban-test-tiny:test"
     assert len(list(tmp_path.glob("sokoban-test-tiny-*.npz"))) == 2
+    val = sk.load_split("sokoban-test-tiny:val")  # reads train and test from the cache, adds one file
+    assert len(val) == 3 and len(list(tmp_path.glob("sokoban-test-tiny-*.npz"))) == 3
     train_set = {np.asarray(b).tobytes() for b in train.boards}
     assert not any(np.asarray(b).tobytes() in train_set for b in test.boards)
 
@@ -85,5 +87,5 @@ def test_registered_splits_and_bad_names():
         sk.load_split("sokoban-6x6-2")
     with pytest.raises(KeyError, match="unknown split"):
         sk.load_split("sokoban-9x9-9:test")
-    with pytest.raises(ValueError, match="train"):
+    with pytest.raises(ValueError, match="train, test, val"):
         sk.load_split("sokoban-6x6-2:dev")

@@ -1,7 +1,8 @@
 """Jittable MineSweeper: cascade reveal, no-guess boards, exact deduction.
 
 - ``rules``: ``State``/``Outcome``/``Board``, ``init``, ``step`` (rewards, cascade by table or flood fill).
-- ``boards``: ``generate``, ``BoardBank``, ``init_batch(bank, indices)``, ``load_split('NAME:train|test')``.
+- ``boards``: ``generate``, ``BoardBank``, ``init_batch(bank, indices)``,
+  ``load_split('NAME:train|test|val')``.
 - ``deduce``: ``deduce(state) -> (safe, mine)`` masks, ``solve_plan`` (reference solution length),
   ``safe_reveal`` (a provably-safe cell for the oracle policy). Host-side numpy.
 - ``text``: ``render(state)`` / ``parse(text, mines)``.

@@ -13,12 +13,18 @@ every safe cell while revealing only cells that ``deduce`` proves safe at that m
 region, or a number bordering no blank — plus an exact branch search where only cascade-bordering numbers
 are deducible). Boards whose search would exceed its node limit are skipped so every recorded length is
 certified. Without ``no_guess`` a board that needs a guess records ``-1``.
+
+Registered splits have three parts, disjoint by mine layout (the first click does not make a board new):
+``:train`` is generated as it always was (it may repeat a layout with another first click), ``:test``
+skips every training layout and repeats none of its own, ``:val`` skips the layouts of both. Each part has
+its own seed, so the test boards do not depend on the validation boards.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -31,6 +37,8 @@ from envs.minesweeper.rules import Board, State, cascade_table, make_state, step
 from envs.static import StaticRef
 
 GENERATOR_VERSION = 1  # bump when generation changes, so cached banks are rebuilt
+ROOMS_VERSION = 2  # held-out parts disjoint from training by mine layout (bump when that rule changes)
+PARTS = ("train", "test", "val")
 _BATCH = 256
 
 
@@ -119,6 +127,12 @@ def _candidates(key: jax.Array, batch: int, h: int, w: int, num_mines: int) -> t
     return mines.reshape(batch, h, w), clicks
 
 
+def layout_key(mines: np.ndarray) -> bytes:
+    """A board's identity across first clicks: its shape and mine layout."""
+    mines = np.asarray(mines, bool)
+    return np.asarray(mines.shape, np.int16).tobytes() + mines.tobytes()
+
+
 def generate(
     seed: int,
     n: int,
@@ -127,11 +141,17 @@ def generate(
     no_guess: bool = True,
     exclude: BoardBank | None = None,
     name: str = "",
+    exclude_layouts: set[bytes] | None = None,
+    stable_slots: bool = False,
 ) -> BoardBank:
     """``n`` boards from ``seed`` (deterministic); see the module doc for the method and solution length.
 
-    ``exclude``: boards (same layout and first click) that must not appear, e.g. the train split when
-    generating the test split.
+    ``exclude``: boards (same layout and first click) that must not appear. ``exclude_layouts``
+    (``layout_key``s): mine layouts that must not appear under any first click; when given, the boards'
+    layouts are also distinct from each other. ``stable_slots`` (with ``exclude_layouts``): the boards the
+    exact-board rule alone would pick keep their places, and each place whose board repeats a layout is
+    refilled, in order, by the next boards of fresh layouts further along the seed's sequence; a part
+    generated before the layout rule existed then changes only where it repeated a layout.
     """
     h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
     if h < 2 or w < 2 or n < 0:
@@ -143,10 +163,12 @@ def generate(
     if exclude is not None:
         for i in range(len(exclude)):
             seen.add(exclude.mines[i].tobytes() + exclude.first_click[i].astype(np.int32).tobytes())
-    out_mines, out_click, out_len = [], [], []
+    layouts = None if exclude_layouts is None else set(exclude_layouts)
+    out: list[tuple[np.ndarray, np.ndarray, int] | None] = []
+    holes: list[int] = []  # places whose board repeated a layout (stable_slots), refilled first to last
     base = jax.random.key(int(seed))
     attempts = 0
-    while len(out_mines) < n:
+    while len(out) < n or holes:
         key = jax.random.fold_in(base, attempts)
         mines_b, clicks_b = (np.asarray(x) for x in _candidates(key, _BATCH, h, w, num_mines))
         attempts += 1
@@ -156,6 +178,10 @@ def generate(
             click = np.array(divmod(int(flat), w), np.int32)
             ident = mines.tobytes() + click.tobytes()
             if ident in seen:
+                continue
+            layout = layout_key(mines) if layouts is not None else b""
+            stale = layouts is not None and layout in layouts
+            if stale and not (stable_slots and len(out) < n):
                 continue
             board = counts_np(mines)
             revealed = reveal_np(board, np.zeros((h, w), bool), int(click[0]), int(click[1]))
@@ -168,11 +194,21 @@ def generate(
             if plan is None and no_guess:
                 continue
             seen.add(ident)
-            out_mines.append(mines)
-            out_click.append(click)
-            out_len.append(-1 if plan is None else len(plan))
-            if len(out_mines) == n:
+            if stale:  # the exact-board rule would take it here: hold its place for a fresh layout
+                holes.append(len(out))
+                out.append(None)
+                continue
+            if layouts is not None:
+                layouts.add(layout)
+            entry = (mines, click, -1 if plan is None else len(plan))
+            if len(out) < n:
+                out.append(entry)
+            else:
+                out[holes.pop(0)] = entry
+            if len(out) == n and not holes:
                 break
+    kept = [e for e in out if e is not None]
+    out_mines, out_click, out_len = ([e[i] for e in kept] for i in range(3))
     return BoardBank(
         mines=np.asarray(out_mines, bool).reshape(n, h, w),
         first_click=np.asarray(out_click, np.int32).reshape(n, 2),
@@ -184,7 +220,7 @@ def generate(
 
 @dataclasses.dataclass(frozen=True)
 class SplitSpec:
-    """A registered family: board size, mines, and fixed disjoint seeds for train and test."""
+    """A registered family: board size, mines, and a seed and a count per part."""
 
     size: int
     num_mines: int
@@ -192,6 +228,16 @@ class SplitSpec:
     test_seed: int
     train_n: int = 256
     test_n: int = 128
+    val_n: int = 64
+    val_seed: int | None = None  # None: test_seed + 1
+
+    def seed_of(self, part: str) -> int:
+        if part == "val":
+            return self.test_seed + 1 if self.val_seed is None else self.val_seed
+        return self.train_seed if part == "train" else self.test_seed
+
+    def count_of(self, part: str) -> int:
+        return {"train": self.train_n, "test": self.test_n, "val": self.val_n}[part]
 
 
 SPLITS: dict[str, SplitSpec] = {
@@ -227,31 +273,52 @@ def _load(path: Path, name: str) -> BoardBank | None:
         return None
 
 
-def _family(family: str, cache: str | os.PathLike | None) -> tuple[BoardBank, BoardBank]:
+def _part_inputs(part: str, spec: SplitSpec) -> tuple:
+    """Everything that decides a part's boards: its own seed and count and those of the parts it
+    excludes (train, then test)."""
+    train = (GENERATOR_VERSION, spec.size, spec.num_mines, spec.train_seed, spec.train_n)
+    if part == "train":
+        return train
+    test = (*train, ROOMS_VERSION, spec.test_seed, spec.test_n)
+    return test if part == "test" else (*test, spec.seed_of("val"), spec.val_n)
+
+
+def _part_path(root: Path, family: str, part: str, spec: SplitSpec) -> Path:
+    if part == "train":  # the training boards never changed: their cache file keeps its name
+        return root / f"{family}-train-v{GENERATOR_VERSION}.npz"
+    tag = hashlib.sha1(repr(_part_inputs(part, spec)).encode()).hexdigest()[:10]
+    return root / f"{family}-{part}-v{GENERATOR_VERSION}-{tag}.npz"
+
+
+def _part(family: str, part: str, root: Path) -> BoardBank:
     spec = SPLITS[family]
-    root = cache_dir(cache)
-    paths = {part: root / f"{family}-{part}-v{GENERATOR_VERSION}.npz" for part in ("train", "test")}
-    train = _load(paths["train"], f"{family}:train")
-    if train is None:
-        train = generate(spec.train_seed, spec.train_n, spec.size, spec.num_mines, name=f"{family}:train")
-        _save(paths["train"], train)
-    test = _load(paths["test"], f"{family}:test")
-    if test is None:
-        test = generate(spec.test_seed, spec.test_n, spec.size, spec.num_mines, exclude=train,
-                        name=f"{family}:test")
-        _save(paths["test"], test)
-    return train, test
+    path = _part_path(root, family, part, spec)
+    name = f"{family}:{part}"
+    bank = _load(path, name)
+    if bank is not None:
+        return bank
+    layouts = None  # train: generated as it always was; held-out parts: no layout of an earlier part
+    if part != "train":
+        layouts = set()
+        for earlier in PARTS[: PARTS.index(part)]:
+            layouts |= {layout_key(m) for m in _part(family, earlier, root).mines}
+    # test: the exact-board rule it was made with keeps its places (``stable_slots``)
+    exclude = _part(family, "train", root) if part == "test" else None
+    bank = generate(spec.seed_of(part), spec.count_of(part), spec.size, spec.num_mines, exclude=exclude,
+                    name=name, exclude_layouts=layouts, stable_slots=part == "test")
+    _save(path, bank)
+    return bank
 
 
 def split_names() -> list[str]:
-    """Every loadable split name, ``FAMILY:train`` and ``FAMILY:test``."""
-    return [f"{f}:{p}" for f in SPLITS for p in ("train", "test")]
+    """Every loadable split name, ``FAMILY:train``, ``FAMILY:test`` and ``FAMILY:val``."""
+    return [f"{f}:{p}" for f in SPLITS for p in PARTS]
 
 
 def load_split(name: str, cache: str | os.PathLike | None = None) -> BoardBank:
-    """The bank of a registered split such as ``'minesweeper-6x6-3:test'`` (generated once, then cached)."""
+    """The bank of a registered split such as ``'minesweeper-6x6-3:test'`` (parts ``train``, ``test``,
+    ``val``; generated once, then cached)."""
     family, sep, part = name.partition(":")
-    if not sep or part not in ("train", "test") or family not in SPLITS:
+    if not sep or part not in PARTS or family not in SPLITS:
         raise ValueError(f"unknown minesweeper split {name!r}; known: {', '.join(split_names())}")
-    train, test = _family(family, cache)
-    return train if part == "train" else test
+    return _part(family, part, cache_dir(cache))

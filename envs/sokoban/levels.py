@@ -12,6 +12,14 @@ A ``LevelBank`` is a pytree (boards, d0 and the exact distance ``Tables``) that 
 into jit; ``init_batch(bank, indices)`` vmaps ``init`` over level indices. Registered splits (see
 ``SPLITS``) are generated on first use and cached as ``.npz`` under ``$RETROJAX_CACHE`` (default
 ``$XDG_CACHE_HOME/retrojax`` or ``~/.cache/retrojax``).
+
+Parts of a split are disjoint by *room* (``canonical_room``: walls, boxes and targets; where the player
+stands does not make a room new). ``:train`` is generated first as it always was (it may repeat a room
+with the player elsewhere); ``:test`` skips every training room and repeats none of its own, and
+``:val`` skips the rooms of both. Each part has its own seed, so the test rooms do not depend on the
+validation rooms, and ``:test`` keeps the places of the boards the exact-board rule chose before, refilling
+only those that repeated a room (``stable_slots``). Where the generator's rooms run short the held-out parts
+come from its long tail, which need not look like the training rooms (``sokoban-5x5-1``, see ``SPLITS``).
 """
 
 from __future__ import annotations
@@ -32,6 +40,8 @@ from envs.sokoban.text import BOX, BOX_T, FLOOR, PLAYER, PLAYER_T, TARGET, WALL,
 from envs.static import StaticRef
 
 GENERATOR_VERSION = 1
+ROOMS_VERSION = 2  # held-out parts disjoint from training by canonical room (bump when that rule changes)
+PARTS = ("train", "test", "val")
 
 
 class Level:
@@ -256,6 +266,15 @@ def _random_walk(rng, floor: np.ndarray, boxes: tuple[int, ...], player: int, st
     return player
 
 
+def canonical_room(board: np.ndarray) -> bytes:
+    """A board's room identity: its walls, boxes and targets (the player's square reads as what lies under
+    it), with its shape. Boards that differ only in where the player stands share a room."""
+    b = np.array(board, dtype=np.int8)
+    b[b == PLAYER] = FLOOR
+    b[b == PLAYER_T] = TARGET
+    return np.asarray(b.shape, np.int16).tobytes() + b.tobytes()
+
+
 def _candidate(rng, h: int, w: int, num_boxes: int, budget: int) -> np.ndarray | None:
     floor = _topology(rng, h, w)
     cells = np.flatnonzero(floor.reshape(-1))
@@ -278,9 +297,15 @@ def _candidate(rng, h: int, w: int, num_boxes: int, budget: int) -> np.ndarray |
 def generate_boards(
     seed: int, n: int, dim: tuple[int, int] = (6, 6), num_boxes: int = 2, min_solution: int = 5,
     max_solution: int = 100, exclude: set[bytes] | None = None, max_attempts: int | None = None,
-    search_budget: int = 2000,
+    search_budget: int = 2000, exclude_rooms: set[bytes] | None = None, stable_slots: bool = False,
 ) -> list[np.ndarray]:
-    """The boards ``generate`` would stack (host numpy); ``exclude`` skips boards by ``tobytes()``."""
+    """The boards ``generate`` would stack (host numpy); ``exclude`` skips boards by ``tobytes()``.
+
+    ``exclude_rooms`` (``canonical_room`` keys): skip boards of these rooms, and, when given, keep the
+    boards' rooms distinct from each other too. ``stable_slots`` (with ``exclude_rooms``): the boards
+    the exact-board rule alone would pick keep their places, and each place whose board repeats a room is
+    refilled, in order, by the next boards of fresh rooms further along the same seed's sequence; a part
+    generated before the room rule existed then changes only where it repeated a room."""
     h, w = int(dim[0]), int(dim[1])
     if h < 3 or w < 3:
         raise ValueError(f"rooms need at least 3x3 cells, got {dim}")
@@ -293,24 +318,39 @@ def generate_boards(
     check_encodable(h, w, num_boxes)
     rng = np.random.default_rng(seed)
     seen = set(exclude or ())
-    out: list[np.ndarray] = []
+    rooms = None if exclude_rooms is None else set(exclude_rooms)
+    out: list[np.ndarray | None] = []
+    holes: list[int] = []  # places whose board repeated a room (stable_slots), refilled first to last
     attempts = 0
     limit = max_attempts if max_attempts is not None else 200 * max(n, 1) + 1000
-    while len(out) < n:
+    while len(out) < n or holes:
         attempts += 1
         if attempts > limit:
             raise RuntimeError(
-                f"generator found only {len(out)}/{n} levels in {limit} attempts "
+                f"generator found only {len(out) - len(holes)}/{n} levels in {limit} attempts "
                 f"(dim={dim}, boxes={num_boxes}, solution in [{min_solution}, {max_solution}])"
             )
         board = _candidate(rng, h, w, num_boxes, search_budget)
         if board is None or board.tobytes() in seen:
             continue
-        length = solver.solve_board(board)
-        if min_solution <= length <= max_solution:
-            seen.add(board.tobytes())
+        room = canonical_room(board) if rooms is not None else b""
+        stale = rooms is not None and room in rooms
+        if stale and not (stable_slots and len(out) < n):
+            continue
+        if not min_solution <= solver.solve_board(board) <= max_solution:
+            continue
+        seen.add(board.tobytes())
+        if stale:  # the exact-board rule would take it here: hold its place for a fresh room
+            holes.append(len(out))
+            out.append(None)
+            continue
+        if rooms is not None:
+            rooms.add(room)
+        if len(out) < n:
             out.append(board)
-    return out
+        else:
+            out[holes.pop(0)] = board
+    return [b for b in out if b is not None]
 
 
 def generate(
@@ -331,6 +371,8 @@ def generate(
 
 @dataclasses.dataclass(frozen=True)
 class SplitSpec:
+    """A registered size: room shape, boxes, solution lengths, and a seed and a count per part."""
+
     dim: tuple[int, int]
     num_boxes: int
     min_solution: int
@@ -339,10 +381,25 @@ class SplitSpec:
     test_seed: int
     n_train: int = 256
     n_test: int = 128
+    n_val: int = 64
+    val_seed: int | None = None  # None: test_seed + 1
+    max_attempts: int | None = None  # candidates per held-out part (None: generate_boards' default)
+
+    def seed_of(self, part: str) -> int:
+        if part == "val":
+            return self.test_seed + 1 if self.val_seed is None else self.val_seed
+        return self.train_seed if part == "train" else self.test_seed
+
+    def count_of(self, part: str) -> int:
+        return {"train": self.n_train, "test": self.n_test, "val": self.n_val}[part]
 
 
 SPLITS: dict[str, SplitSpec] = {
-    "sokoban-5x5-1": SplitSpec((5, 5), 1, 2, 12, 5501, 5502),  # tiny rooms, short solutions (CPU demo)
+    # tiny rooms, short solutions (CPU demo). Its 256 training boards hold 139 distinct rooms, the ones the
+    # generator draws most often; the held-out rooms come from its long tail (the 64 validation rooms take
+    # about 117,000 candidates, hence the higher limit) and are easier: shortest solutions of 2 moves in 88
+    # of 128 test and 52 of 64 validation rooms, against 96 of 256 training boards
+    "sokoban-5x5-1": SplitSpec((5, 5), 1, 2, 12, 5501, 5502, max_attempts=150_000),
     "sokoban-6x6-1": SplitSpec((6, 6), 1, 3, 30, 6101, 6102),
     "sokoban-6x6-2": SplitSpec((6, 6), 2, 5, 100, 6201, 6202),
     "sokoban-6x6-3": SplitSpec((6, 6), 3, 5, 100, 6301, 6302),
@@ -364,8 +421,19 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     return Path(base) / "retrojax"
 
 
+def _part_inputs(part: str, spec: SplitSpec) -> tuple:
+    """Everything that decides a part's boards: its own seed and count and those of the parts it
+    excludes (train, then test), so a part's cache file changes exactly when its boards can."""
+    train = (GENERATOR_VERSION, spec.dim, spec.num_boxes, spec.min_solution, spec.max_solution,
+             spec.train_seed, spec.n_train)
+    if part == "train":
+        return train
+    test = (*train, ROOMS_VERSION, spec.test_seed, spec.n_test)
+    return test if part == "test" else (*test, spec.seed_of("val"), spec.n_val)
+
+
 def _split_file(directory: Path, name: str, part: str, spec: SplitSpec) -> Path:
-    tag = hashlib.sha1(repr((GENERATOR_VERSION, spec)).encode()).hexdigest()[:10]
+    tag = hashlib.sha1(repr(_part_inputs(part, spec)).encode()).hexdigest()[:10]
     return directory / f"{name}-{part}-v{GENERATOR_VERSION}-{tag}.npz"
 
 
@@ -393,13 +461,18 @@ def _split_boards(name: str, part: str, spec: SplitSpec, directory: Path):
             return _load(path)
         except (OSError, ValueError, KeyError):
             path.unlink(missing_ok=True)  # a truncated or foreign cache file: regenerate
-    exclude = None
+    rooms = None  # train: generated as it always was; held-out parts: no room of an earlier part
+    if part != "train":
+        rooms = set()
+        for earlier in PARTS[: PARTS.index(part)]:
+            rooms |= {canonical_room(b) for b in _split_boards(name, earlier, spec, directory)[0]}
+    exclude = None  # test: the exact-board rule it was made with keeps its places (``stable_slots``)
     if part == "test":
-        train_boards, _, _ = _split_boards(name, "train", spec, directory)
-        exclude = {b.tobytes() for b in train_boards}
-    seed, n = (spec.train_seed, spec.n_train) if part == "train" else (spec.test_seed, spec.n_test)
+        exclude = {b.tobytes() for b in _split_boards(name, "train", spec, directory)[0]}
     boards = generate_boards(
-        seed, n, spec.dim, spec.num_boxes, spec.min_solution, spec.max_solution, exclude=exclude
+        spec.seed_of(part), spec.count_of(part), spec.dim, spec.num_boxes, spec.min_solution,
+        spec.max_solution, exclude=exclude, max_attempts=spec.max_attempts, exclude_rooms=rooms,
+        stable_slots=part == "test",
     )
     tabs = [solver.distance_table(b) for b in boards]
     stacked = np.asarray(boards, np.int8)
@@ -408,16 +481,21 @@ def _split_boards(name: str, part: str, spec: SplitSpec, directory: Path):
     return stacked, keys, dists
 
 
+def split_names() -> list[str]:
+    """Every loadable split name, ``NAME:train``, ``NAME:test`` and ``NAME:val``."""
+    return [f"{name}:{part}" for name in SPLITS for part in PARTS]
+
+
 def load_split(name: str, cache: str | os.PathLike | None = None) -> LevelBank:
-    """A registered split as a bank, e.g. ``load_split("sokoban-6x6-2:test")`` (generated once, cached on
-    disk, and kept in memory for the rest of the process)."""
+    """A registered split as a bank, e.g. ``load_split("sokoban-6x6-2:test")``; parts ``train``, ``test``
+    and ``val`` (generated once, cached on disk, and kept in memory for the rest of the process)."""
     if not isinstance(name, str) or ":" not in name:
         raise ValueError(f"split name must look like 'sokoban-6x6-2:test', got {name!r}")
     base, part = name.rsplit(":", 1)
     if base not in SPLITS:
         raise KeyError(f"unknown split {base!r}; registered: {', '.join(sorted(SPLITS))}")
-    if part not in ("train", "test"):
-        raise ValueError(f"split part must be 'train' or 'test', got {part!r} in {name!r}")
+    if part not in PARTS:
+        raise ValueError(f"split part must be one of {', '.join(PARTS)}, got {part!r} in {name!r}")
     directory = cache_dir(cache)
     memo_key = (name, SPLITS[base], str(directory.resolve()))
     if memo_key not in _LOADED:

@@ -282,7 +282,7 @@ def check_env_config(cfg: Any) -> None:
 
 
 def make_env(cfg: Any, split: str | None = None) -> TrialEnv:
-    """The world named by ``cfg.env.name`` over ``split`` (``NAME:train|test``; default: the config's).
+    """The world named by ``cfg.env.name`` over ``split`` (``NAME:train|test|val``; default: the config's).
 
     Raises ``ValueError`` for a setting ``check_env_config`` refuses.
     """

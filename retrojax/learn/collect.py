@@ -37,6 +37,13 @@ def _split(cfg: Any, part: str) -> str:
     return f"{cfg.env.split.split(':')[0]}:{part}"
 
 
+def held_out_part(cfg: Any) -> str:
+    """The part periodic evaluation reads: the one ``env.split`` names when it is not ``train`` (``:val``
+    while a recipe is tuned), else ``test``. Training always plays ``:train``."""
+    _, sep, part = cfg.env.split.partition(":")
+    return part if sep and part != "train" else "test"
+
+
 class RunnerCollect:
     """The default ``collect``: trials of the training split through the agent runner with a ``ModelPolicy``.
 
@@ -95,7 +102,8 @@ def default_collect(cfg: Any, tokenizer: Any) -> RunnerCollect:
 
 
 def default_evaluate(cfg: Any, tokenizer: Any) -> Callable[[Any, int], dict] | None:
-    """Success per protocol of ``cfg.eval`` on the test split (``eval.every < 0`` turns evaluation off)."""
+    """Success per protocol of ``cfg.eval`` on the held-out part (``held_out_part``: ``:test`` unless
+    ``env.split`` names another; ``eval.every < 0`` turns evaluation off)."""
     if cfg.eval.every < 0:
         return None
 
@@ -104,7 +112,8 @@ def default_evaluate(cfg: Any, tokenizer: Any) -> Callable[[Any, int], dict] | N
         from retrojax.eval.protocol import evaluate as run_eval
 
         policy = ModelPolicy.from_config(cfg, model, tokenizer)
-        report = run_eval(cfg, policy, _split(cfg, "test"), list(cfg.eval.protocols), cfg.eval.seeds,
+        split = _split(cfg, held_out_part(cfg))
+        report = run_eval(cfg, policy, split, list(cfg.eval.protocols), cfg.eval.seeds,
                           tasks=cfg.eval.num_tasks)
         return {f"{name}/{k}": v for name, r in report["results"].items() for k, v in _flatten(r).items()}
 
