@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     play_sub = play.add_subparsers(dest="env", required=True)
     for name, split in [("sokoban", "sokoban-6x6-2:test"), ("minesweeper", "minesweeper-6x6-3:test")]:
         p = play_sub.add_parser(name)
-        p.add_argument("--split", default=split, help="registered split NAME:train|test")
+        p.add_argument("--split", default=split, help="registered split NAME:train|test|val")
         p.add_argument("--index", type=int, default=0, help="level index within the split")
         p.set_defaults(func=_handler(f"retrojax.play.{name}:main"))
 
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "api:MODEL (the api: section's endpoint)")
     ev.add_argument("--protocol", action="append", default=None,
                     help="P@1 | T@1 | T@3 | T@k (repeatable or comma-separated)")
-    ev.add_argument("--split", default=None, help="NAME:train|test (default: the config's)")
+    ev.add_argument("--split", default=None, help="NAME:train|test|val (default: the config's)")
     ev.add_argument("--seeds", type=int, default=3)
     ev.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
     ev.add_argument("--json", default=None)
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     rir.add_argument("--out", default="runs/rir", help="folder for report.md, summary.json and the heat map")
     rir.add_argument("--policy", default="oracle:0.3",
                      help="random | oracle:EPS | model:DIR | api:MODEL (the api: section's endpoint)")
-    rir.add_argument("--split", default=None, help="NAME:train|test (default: the config's test split)")
+    rir.add_argument("--split", default=None, help="NAME:train|test|val (default: the config's test split)")
     rir.add_argument("--seeds", type=int, default=3)
     rir.add_argument("--tasks", type=int, default=None, help="limit the number of tasks")
     rir.add_argument("--trials-per-task", type=int, default=None, help="replicates per task and seed")
