@@ -35,12 +35,15 @@ threads, which a shared machine disturbs less than wall time) and
 ``update.A.attention_pairs_ratio`` (rows pairs / tree pairs: where attention dominates the update, as it does
 for the small demo model on CPU, the speedup follows this ratio). ``sft.*``:
 the same for SFT steps (``sft.batch_size`` examples each) on the demo's demonstrations. Figures go to stdout
-(``key: value``) and, with ``--json PATH``, to a JSON file under the same keys.
+(``key: value``) and, with ``--json PATH``, to a JSON file under the same keys. ``--quick`` (smoke test): the
+tiny model (over the demo tokenizer's vocabulary for the layouts), smaller archives and fewer SFT steps; the
+same keys.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from typing import Any
 
@@ -145,7 +148,8 @@ def demo_data(quick: bool, log=print) -> dict[str, Any]:
     from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations
     from retrojax.model.tokenizer import train_sentencepiece
 
-    sets = ["sft.num_recovery_episodes=16", "learn.tasks_per_update=2"] if quick else []
+    sets = (["sft.num_recovery_episodes=4", "learn.tasks_per_update=1", "trial.trials_per_task=4",
+             "trial.max_calls=4"] if quick else [])
     cfg = load("configs/demo.yaml", sets)
     env = make_env(cfg, f"{cfg.env.split}:train")
     try:
@@ -166,7 +170,7 @@ def demo_data(quick: bool, log=print) -> dict[str, Any]:
 
 def paper_archive(quick: bool, vocab: int) -> Any:
     """8 trials × 30 execution calls (3 segments of 10, rewinds + reflections between), ~200-token turns."""
-    sizes = (dict(tasks=1, trials=4, segments=2, decisions=4, prompt_len=256, turn_len=48, output_len=48)
+    sizes = (dict(tasks=1, trials=2, segments=2, decisions=3, prompt_len=128, turn_len=32, output_len=32)
              if quick else dict(tasks=1, trials=8, segments=3, decisions=10, prompt_len=1024, turn_len=150,
                                 output_len=100))
     return synthetic_archive(np.random.default_rng(7), vocab=vocab, **sizes)
@@ -321,6 +325,8 @@ def layout_figures(quick: bool = False, log=print) -> dict[str, float]:
     from retrojax.model import PRESETS, Qwen3
 
     config = PRESETS["demo"]
+    if quick:  # the tiny model's shape over the demo tokenizer's vocabulary: the same programs, fewer FLOPs
+        config = dataclasses.replace(PRESETS["tiny"], vocab_size=config.vocab_size)
     model = Qwen3(config, rngs=nnx.Rngs(0))
     data = demo_data(quick, log)
     dc = data["cfg"].learn
@@ -330,10 +336,10 @@ def layout_figures(quick: bool = False, log=print) -> dict[str, float]:
     out = archive_figures("demo", data["archive"], model, demo_cfg, log)
     paper = paper_archive(quick, config.vocab_size)
     behaviour_logprobs(paper, config.vocab_size)
-    paper_cfg = LearnConfig(seq_buckets=(512, 1024, 2048) if quick else (1024, 2048, 4096, 8192),
+    paper_cfg = LearnConfig(seq_buckets=(512, 1024) if quick else (1024, 2048, 4096, 8192),
                             max_batch_tokens=4096 if quick else 16384, logprob_chunk=256, learning_rate=1e-5)
     out.update(archive_figures("paper", paper, model, paper_cfg, log))
-    out.update(sft_figures(data, model, 4 if quick else 20, log))
+    out.update(sft_figures(data, model, 2 if quick else 20, log))
     return out
 
 
