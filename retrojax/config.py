@@ -85,6 +85,10 @@ class SamplerConfig:
     # shared prompt pages stored once (retrojax.sampling.pages, docs/paged-cache.md); dense: max_len slots per
     # row. The same tokens and log-probs either way
     kv: str = "paged"
+    # ours, paged only: pages in the pool (retrojax.sampling.pages.PAGE_SIZE slots each); auto = what the
+    # device holds beside the run once its rows' temporaries are counted (retrojax.plan.admission), at most
+    # every row at max_len. A call that needs more pages than are free evicts other rows (recomputed later)
+    kv_pages: int | Literal["auto"] = "auto"
 
     def inflight_rows(self) -> int:
         """``max_inflight`` as a row limit: 0 (every trial of a batch) while ``auto`` is unresolved."""

@@ -20,6 +20,7 @@ from retrojax.plan.admission import (
     decode_bytes_per_row,
     kv_bytes_per_row,
     param_count,
+    resolve,
     train_resident_bytes,
 )
 
@@ -35,9 +36,10 @@ def micro_dir(tmp_path):
 
 
 def micro_cfg(micro_dir, **sampler):
+    """A config over the micro shape; dense rows unless ``kv`` says otherwise."""
     return from_dict({
         "model": {"path": str(micro_dir)},
-        "sampler": {"max_len": 1024, **sampler},
+        "sampler": {"max_len": 1024, "kv": "dense", **sampler},
         "trial": {"trials_per_task": 4},
         "learn": {"tasks_per_update": 2, "seq_buckets": [256], "max_batch_tokens": 512, "logprob_chunk": 64},
     })
@@ -122,6 +124,29 @@ def test_train_auto_takes_the_rows_the_compiled_plan_fits(micro_dir):
     assert found.figures["plan.fits"] and "plan.reason_at_every_row" in found.figures
 
 
+def test_a_paged_cache_admits_every_row_with_a_pool_of_what_is_left(micro_dir):
+    """Where dense rows of max_len slots fit only 3 of 8, a paged cache runs all 8 rows with a pool of the
+    pages that fit (at least one whole row; rows that outgrow it are evicted and recomputed)."""
+    from retrojax.sampling.pages import PAGE_SIZE, pages_for
+
+    dense = micro_cfg(micro_dir)
+    resident = sum(train_resident_bytes(dense).values())
+    per_row = kv_bytes_per_row(MICRO, 1024, "float32") + decode_bytes_per_row(MICRO)
+    budget = (resident + 3.5 * per_row) / 0.85
+    assert admit_rows(job="t", resident={"r": resident}, per_row=per_row, budget=budget, requested="auto",
+                      wanted=8, hint="").max_inflight == 3
+    paged = micro_cfg(micro_dir, kv="paged")
+    found = admit_train(paged, budget)
+    row_pages = pages_for(1024, PAGE_SIZE)
+    assert found.figures["plan.method"] == "bound" and found.max_inflight == 8
+    assert row_pages + 1 <= found.kv_pages < 8 * row_pages + 1
+    assert found.figures["plan.kv_pool_gb"] * 1e9 <= 0.85 * budget - resident
+    planned = resolve(paged, found)
+    assert (planned.sampler.max_inflight, planned.sampler.kv_pages) == (8, found.kv_pages)
+    with pytest.raises(DoesNotFit, match="sampler.kv_pages"):
+        admit_train(micro_cfg(micro_dir, kv="paged", kv_pages=100 * row_pages), budget)
+
+
 def _run(argv, capsys):
     code = cli_main(argv)
     return code, capsys.readouterr()
@@ -139,7 +164,8 @@ def test_train_stops_before_allocating_when_the_rows_do_not_fit(micro_dir, tmp_p
 
 def test_eval_and_rir_plan_a_model_policy_before_loading_it(micro_dir, capsys):
     code, out = _run(["eval", "--config", "configs/sokoban_tiny.yaml", "--policy", f"model:{micro_dir}",
-                      "--set", "sampler.max_inflight=64", "--device-memory", "2MB", "--tasks", "1",
+                      "--set", "sampler.max_inflight=64", "--set", "sampler.kv=dense",
+                      "--device-memory", "2MB", "--tasks", "1",
                       "--seeds", "1"], capsys)
     assert code == 2 and "eval: " in out.err and "rows were asked for" in out.err
     code, out = _run(["rir", "--config", "configs/rir_sokoban.yaml", "--policy", f"model:{micro_dir}",
@@ -153,8 +179,8 @@ def test_serve_refuses_a_batch_that_does_not_fit(micro_dir, capsys):
     args = argparse.Namespace(model=str(micro_dir), tokenizer=None, adapter=None, name=None, host="127.0.0.1",
                               port=0, max_batch=512, max_len=4096, decode_chunk=4, row_buckets=None,
                               dtype="float32", seed=0, log_level="warning", warmup=False, keep_alive=None,
-                              device_memory="16MB")
-    assert serve_main(args) == 2
+                              device_memory="4MB")
+    assert serve_main(args) == 2  # 512 rows' decode temporaries beside a pool of at least one 4096-slot row
     err = capsys.readouterr().err
     assert "serve:" in err and "512 rows were asked for" in err and "--max-batch" in err
 

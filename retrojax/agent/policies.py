@@ -290,7 +290,7 @@ class ModelPolicy(Policy):
         return cls(model, tokenizer, max_len=s.max_len, temperature=s.temperature, top_p=s.top_p,
                    top_k=s.top_k, seed=cfg.run.seed, chunk_buckets=s.chunk_buckets,
                    row_buckets=s.row_buckets, longest_reply=max(s.max_new_tokens, s.max_reflection_tokens),
-                   kv=s.kv)
+                   kv=s.kv, kv_pages=None if getattr(s, "kv_pages", "auto") == "auto" else int(s.kv_pages))
 
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         from retrojax.sampler import Sampler

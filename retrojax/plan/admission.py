@@ -36,6 +36,10 @@ class DoesNotFit(ValueError):
     """The plan says the run does not fit the device: the message has the figures and what to change."""
 
 
+class PoolDoesNotFit(DoesNotFit):
+    """An explicit ``sampler.kv_pages`` that does not fit (no other plan can rescue it)."""
+
+
 def device_memory_bytes() -> float | None:
     """The first device's memory limit (GPU/TPU ``memory_stats``), or the host's RAM for CPU devices."""
     import jax
@@ -144,10 +148,62 @@ def inference_resident_bytes(config: Any, dtype: str) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class Admission:
-    """What the plan decided: the rows to run, and the figures behind them (``plan.*`` keys)."""
+    """What the plan decided: the rows to run, the page pool of a paged cache (None: dense, or every row at
+    ``max_len``), and the figures behind them (``plan.*`` keys)."""
 
     max_inflight: int
     figures: dict[str, Any]
+    kv_pages: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KVShape:
+    """How the sampler keeps keys and values, for the plan: dense rows of ``max_len`` slots, or a pool of
+    pages."""
+
+    config: Any
+    max_len: int
+    dtype: str
+    paged: bool
+
+    @classmethod
+    def of(cls, cfg: Any, config: Any = None) -> KVShape:
+        return cls(config if config is not None else model_shape(cfg), cfg.sampler.max_len, cfg.model.dtype,
+                   getattr(cfg.sampler, "kv", "dense") == "paged")
+
+    @property
+    def row_bytes(self) -> int:
+        """A dense row; for pages, the pool's floor: one whole row plus a spare page."""
+        return kv_bytes_per_row(self.config, self.max_len, self.dtype)
+
+    def page_bytes(self) -> int:
+        from retrojax.sampling.pages import PAGE_SIZE, kv_bytes_per_page
+
+        return kv_bytes_per_page(self.config, PAGE_SIZE, _itemsize(self.dtype))
+
+    def row_pages(self) -> int:
+        from retrojax.sampling.pages import PAGE_SIZE, pages_for
+
+        return pages_for(self.max_len, PAGE_SIZE)
+
+    def split(self, resident: dict[str, float]) -> tuple[dict[str, float], float]:
+        """(resident parts, bytes per row): a paged cache holds one whole row of pages whatever the row count
+        (its floor) and each row costs only its decode temporaries; a dense row costs its ``max_len``
+        slots."""
+        per_row = float(decode_bytes_per_row(self.config))
+        if not self.paged:
+            return resident, per_row + self.row_bytes
+        return {**resident, "kv_pool_floor": float((self.row_pages() + 1) * self.page_bytes())}, per_row
+
+    def pool(self, budget: float, resident: dict[str, float], rows: int) -> int | None:
+        """Pages of the pool: what is left of the usable device after the resident parts and ``rows`` rows'
+        temporaries, at most every row at ``max_len`` (None for a dense cache)."""
+        if not self.paged:
+            return None
+        left = USABLE * budget - sum(v for k, v in resident.items() if k != "kv_pool_floor") \
+            - rows * decode_bytes_per_row(self.config)
+        most = rows * self.row_pages() + 1
+        return int(max(self.row_pages() + 1, min(most, left // self.page_bytes())))
 
 
 def _rows_that_fit(budget: float, resident: float, per_row: float) -> int:
@@ -188,6 +244,31 @@ def admit_rows(*, job: str, resident: dict[str, float], per_row: float, budget: 
     return Admission(rows, figures)
 
 
+def admit_kv(*, job: str, kv: KVShape, resident: dict[str, float], budget: float, requested: Any,
+             wanted: int | None, hint: str, pages: Any = "auto") -> Admission:
+    """:func:`admit_rows` for the sampler's cache layout, and for a paged cache its pool: ``pages`` (auto:
+    what is left once the rows' temporaries are counted; an explicit count must fit)."""
+    parts, per_row = kv.split(resident)
+    found = admit_rows(job=job, resident=parts, per_row=per_row, budget=budget, requested=requested,
+                       wanted=wanted, hint=hint)
+    if not kv.paged:
+        found.figures["plan.kv"] = "dense"
+        return found
+    pool = kv.pool(budget, parts, found.max_inflight)
+    if pages != "auto":
+        pool = int(pages)
+        need = sum(parts.values()) - parts["kv_pool_floor"] + pool * kv.page_bytes() \
+            + found.max_inflight * decode_bytes_per_row(kv.config)
+        if pool < kv.row_pages() + 1 or need > USABLE * budget:
+            raise PoolDoesNotFit(f"{job}: sampler.kv_pages {pool} needs {need / GB:.2f} GB of a "
+                                 f"{budget / GB:.1f} GB device (usable {USABLE:.0%}) and at least "
+                                 f"{kv.row_pages() + 1} pages (one row at max_len). Set sampler.kv_pages to "
+                                 f"auto. {hint}")
+    found.figures.update({"plan.kv": "paged", "plan.kv_pages": pool,
+                          "plan.kv_pool_gb": pool * kv.page_bytes() / GB})
+    return dataclasses.replace(found, kv_pages=pool)
+
+
 def _train_hint(cfg: Any) -> str:
     tips = []
     if lora_settings(cfg) is None:
@@ -214,19 +295,20 @@ def check_certain(cfg: Any, budget: float) -> None:
 def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None) -> Admission:
     """Rows for ``retrojax train`` (``remat``: the resolved ``learn.remat``): the closed-form bound when it
     admits every row of an update (or an explicit count), else the compile-only plan's figures."""
-    c = model_shape(cfg)
+    kv = KVShape.of(cfg)
     wanted = cfg.learn.tasks_per_update * cfg.trial.trials_per_task
     resident = train_resident_bytes(cfg, remat)
-    per_row = kv_bytes_per_row(c, cfg.sampler.max_len, cfg.model.dtype) + decode_bytes_per_row(c)
     requested = cfg.sampler.max_inflight
     hint = _train_hint(cfg)
     try:
-        found = admit_rows(job="train", resident=resident, per_row=per_row, budget=budget,
-                           requested=requested, wanted=wanted, hint=hint)
+        found = admit_kv(job="train", kv=kv, resident=resident, budget=budget, requested=requested,
+                         wanted=wanted, hint=hint, pages=getattr(cfg.sampler, "kv_pages", "auto"))
         if found.max_inflight >= wanted or requested not in ("auto", 0):
             found.figures["plan.method"] = "bound"
             return found
         says = f"at most {found.max_inflight} of {wanted} rows"
+    except PoolDoesNotFit:
+        raise
     except DoesNotFit:
         check_certain(cfg, budget)
         says = "no row"
@@ -254,35 +336,40 @@ def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None) -
         figures["plan.reason_at_every_row"] = figures.pop("plan.reason")
     figures["plan.fits"] = True
     figures["plan.max_inflight"] = rows
-    return Admission(rows, figures)
+    # the compiled plan counts dense rows of max_len slots; a paged pool gets the same room (no eviction)
+    figures["plan.kv"] = "paged" if kv.paged else "dense"
+    return Admission(rows, figures, rows * kv.row_pages() + 1 if kv.paged else None)
 
 
 def admit_decoding(cfg: Any, budget: float, config: Any = None, job: str = "eval") -> Admission:
     """Rows for a decoding-only run (``eval``/``rir`` with a model policy): weights + rows of KV."""
-    c = config if config is not None else model_shape(cfg)
-    per_row = kv_bytes_per_row(c, cfg.sampler.max_len, cfg.model.dtype) + decode_bytes_per_row(c)
-    return admit_rows(job=job, resident=inference_resident_bytes(c, cfg.model.dtype), per_row=per_row,
-                      budget=budget, requested=cfg.sampler.max_inflight, wanted=None,
-                      hint="To fit: shorten sampler.max_len, lower sampler.max_inflight or use a smaller "
-                           "model.")
+    kv = KVShape.of(cfg, config)
+    return admit_kv(job=job, kv=kv, resident=inference_resident_bytes(kv.config, cfg.model.dtype),
+                    budget=budget, requested=cfg.sampler.max_inflight, wanted=None,
+                    pages=getattr(cfg.sampler, "kv_pages", "auto"),
+                    hint="To fit: shorten sampler.max_len, lower sampler.max_inflight or use a smaller "
+                         "model.")
 
 
-def admit_serving(model_dir: Any, dtype: str, rows: int, max_len: int,
-                  device_memory: str | None = None) -> Admission:
-    """``retrojax serve``: ``rows`` (``--max-batch``) rows of ``max_len`` slots beside the weights, or
-    ``DoesNotFit`` before the checkpoint is read."""
+def admit_serving(model_dir: Any, dtype: str, rows: int, max_len: int, device_memory: str | None = None,
+                  kv: str = "paged") -> Admission:
+    """``retrojax serve``: ``rows`` (``--max-batch``) rows beside the weights (dense: ``max_len`` slots each;
+    paged: a pool of what is left, at least one row at ``max_len``), or ``DoesNotFit`` before the checkpoint
+    is read."""
     from retrojax.model.qwen3 import Qwen3Config
 
     config = Qwen3Config.from_json(model_dir)
-    per_row = kv_bytes_per_row(config, max_len, dtype) + decode_bytes_per_row(config)
-    return admit_rows(job="serve", resident=inference_resident_bytes(config, dtype), per_row=per_row,
-                      budget=device_budget(device_memory), requested=rows, wanted=rows,
-                      hint="To fit: lower --max-batch or --max-len, or serve a smaller model.")
+    shape = KVShape(config, max_len, dtype, kv == "paged")
+    return admit_kv(job="serve", kv=shape, resident=inference_resident_bytes(config, dtype),
+                    budget=device_budget(device_memory), requested=rows, wanted=rows,
+                    hint="To fit: lower --max-batch or --max-len, or serve a smaller model.")
 
 
 def resolve(cfg: Any, admission: Admission) -> Any:
-    """``cfg`` with ``sampler.max_inflight`` set to the admitted row count."""
+    """``cfg`` with ``sampler.max_inflight`` (and a paged cache's ``kv_pages``) set to what was admitted."""
     sampler = dataclasses.replace(cfg.sampler, max_inflight=admission.max_inflight)
+    if admission.kv_pages is not None:
+        sampler = dataclasses.replace(sampler, kv_pages=admission.kv_pages)
     return dataclasses.replace(cfg, sampler=sampler)
 
 
@@ -302,11 +389,11 @@ def summary(admission: Admission) -> str:
     """One log line: the setting, the rows chosen, and how they were found."""
     f = admission.figures
     n = admission.max_inflight
+    pool = "" if admission.kv_pages is None else f", a pool of {admission.kv_pages} KV pages"
     return (f"plan: sampler.max_inflight {f['plan.max_inflight_setting']} -> {n} row{'s' if n != 1 else ''}"
-            f" (fit {f['plan.max_inflight_fit']} on {f['plan.device_gb']:.1f} GB, by the "
+            f"{pool} (fit {f['plan.max_inflight_fit']} on {f['plan.device_gb']:.1f} GB, by the "
             f"{f.get('plan.method', 'bound')})")
 
 
-__all__ = ["Admission", "DoesNotFit", "admit_decoding", "admit_rows", "admit_serving", "admit_train",
-           "device_budget",
-           "kv_bytes_per_row", "param_count", "resolve", "summary"]
+__all__ = ["Admission", "DoesNotFit", "KVShape", "admit_decoding", "admit_kv", "admit_rows", "admit_serving",
+           "admit_train", "device_budget", "kv_bytes_per_row", "param_count", "resolve", "summary"]

@@ -191,10 +191,12 @@ class BackgroundServer:
 def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, *, rows: int = 16,
                 max_len: int = 2048, chunk_steps: int = 4, dtype: str = "float32", seed: int = 0,
                 min_window: int = 256, adapter: str | Path | None = None,
-                row_buckets: tuple[int, ...] | None = None, log: Any = None) -> Engine:
+                row_buckets: tuple[int, ...] | None = None, log: Any = None,
+                pages: int | None = None) -> Engine:
     """An engine over a Hugging Face Qwen3 directory (config.json + safetensors + tokenizer files).
     ``min_window``: the smallest attention window compiled for (``max_len``: one decode compilation).
-    ``row_buckets``/``log``: see :class:`~retrojax.serve.engine.Engine`.
+    ``row_buckets``/``log``/``pages`` (the KV page pool; None: every row at ``max_len``): see
+    :class:`~retrojax.serve.engine.Engine`.
     ``adapter``: a PEFT LoRA adapter directory served on the base (decoded from merged weights)."""
     import jax.numpy as jnp
 
@@ -211,7 +213,7 @@ def load_engine(model_dir: str | Path, tokenizer_dir: str | Path | None = None, 
     # prefill chunks of at most 512 tokens: a 700-token prompt costs 512 + 256 token slots, not 2048
     buckets = tuple(b for b in (32, 128, 256, 512) if b < max_len) or (max_len,)
     return Engine(model, tokenizer, rows=rows, max_len=max_len, chunk_steps=chunk_steps, seed=seed,
-                  chunk_buckets=buckets, min_window=min_window, row_buckets=row_buckets, log=log)
+                  chunk_buckets=buckets, min_window=min_window, row_buckets=row_buckets, log=log, pages=pages)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -235,6 +237,7 @@ def main(args: argparse.Namespace) -> int:
         engine = load_engine(model_dir, args.tokenizer, rows=args.max_batch, max_len=args.max_len,
                              chunk_steps=args.decode_chunk, dtype=args.dtype, seed=args.seed,
                              adapter=getattr(args, "adapter", None), row_buckets=row_buckets,
+                             pages=planned.kv_pages,
                              log=lambda line: print(line, file=sys.stderr, flush=True))
     except (OSError, ValueError) as e:
         print(f"retrojax serve: {e}", file=sys.stderr)
