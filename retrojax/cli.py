@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("credit", "retrojax.bench.credit:main", "one RL batch: mean advantage by group and move quality"),
         ("device", "retrojax.bench.device:main", "accelerator: forest kernel, update MFU, prefill/decode"),
         ("realshape", "retrojax.bench.realshape:main", "Qwen3-0.6B shape end to end on CPU, vs transformers"),
+        ("reviewer", "retrojax.bench.reviewer:main", "a trained policy in every RIR role: parse, RIR-ReAct"),
     ]:
         p = bench_sub.add_parser(name, help=help_)
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
