@@ -21,8 +21,10 @@ Figures (stable keys):
   change with the levels held fixed (fresh levels every update make the windows differ in levels too);
 - ``learn.mixed_groups.first`` / ``.last``: share of task groups holding both a success and a failure
   (``learn.solved_groups.*`` / ``learn.failed_groups.*``: all solved / all failed — groups without a signal);
-- ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their intervals;
-- ``learn.heldout.rl_minus_sft.T@3`` (+ ``.ci95_lo/hi``): RL − SFT held out, paired by level and seed;
+- ``learn.heldout.sft.T@3`` / ``learn.heldout.rl.T@3`` with their room-clustered intervals (Wilson at the
+  effective count);
+- ``learn.heldout.rl_minus_sft.T@3`` (+ ``.ci95_lo/hi``): RL − SFT held out, paired by level and seed, its
+  interval clustered by level;
 - ``learn.heldout.{sft,rl}.greedy.T@3`` (with ``--set eval.greedy=true``): the same with greedy decoding —
   a held-out gain that vanishes there is sharpening;
 - ``learn.expert_first_move.first`` / ``.last`` (training batch, same windows) and
