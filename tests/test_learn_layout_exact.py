@@ -52,6 +52,12 @@ def archive():
     return arch
 
 
+# One jitted update per (minibatches, learning rate) for the whole module: the layouts' steps share its
+# compiled apply step, and their accumulate steps wherever two layouts' microbatches have the same shapes
+# (the update is a pure function of params, optimizer state and arrays; every step starts from fresh weights)
+_UPDATES: dict[tuple[int, float], tuple] = {}
+
+
 def _step(arch, layout: str, minibatches: int, lr: float, max_batch_tokens: int = 4096):
     lc = LearnConfig(learning_rate=lr, seq_buckets=BUCKETS, max_batch_tokens=max_batch_tokens,
                      logprob_chunk=256, minibatches=minibatches)
@@ -61,8 +67,11 @@ def _step(arch, layout: str, minibatches: int, lr: float, max_batch_tokens: int 
                         rng=np.random.default_rng(1), layout=layout)
     model = Qwen3(MICRO, rngs=nnx.Rngs(0))
     graphdef, template, params = split_model(model)
-    tx, _ = make_optimizer(lc, 10)
-    upd = Update(graphdef, template, tx, clip_eps=lc.clip_eps, chunk=lc.logprob_chunk)
+    if (minibatches, lr) not in _UPDATES:
+        tx, _ = make_optimizer(lc, 10)
+        _UPDATES[(minibatches, lr)] = tx, Update(graphdef, template, tx, clip_eps=lc.clip_eps,
+                                                 chunk=lc.logprob_chunk)
+    tx, upd = _UPDATES[(minibatches, lr)]
     opt = tx.init(params)
     losses, grads = [], []
     for group in plan.minibatches:
