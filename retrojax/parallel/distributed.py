@@ -94,7 +94,10 @@ def setup(cfg: Any) -> None:
     initialize(dc)
     if dc.compile_cache:
         jax.config.update("jax_enable_compilation_cache", True)
-        enable_compile_cache(dc.compile_cache_dir)
+        # the config's directory, else RETROJAX_COMPILE_CACHE's (as the CLI reads it), else the user cache
+        env = os.environ.get("RETROJAX_COMPILE_CACHE", "")
+        enable_compile_cache(dc.compile_cache_dir or (None if env.lower() in ("0", "off", "false", "no")
+                                                      else env or None))
     else:
         disable_compile_cache()
 
