@@ -303,10 +303,11 @@ _ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
 def hoisted_upcasts(hlo_text: str) -> int:
     """Bytes of the float32 copies of whole 16-bit float parameters that the entry computation makes.
 
-    XLA:CPU has no 16-bit float matmul for these shapes: it converts the operands to float32, and since a
-    weight is loop-invariant the convert is hoisted out of the decode / layer loop, so a float32 shadow of
-    every weight (and of the LM head) is live for the whole loop. A bf16/f16-native device (GPU, TPU)
-    makes none of them. Counted: a convert (or a fusion of one operand: convert, bitcast, transpose) in
+    XLA:CPU of jaxlib 0.10 has no 16-bit float matmul for these shapes: it converts the operands to float32,
+    and since a weight is loop-invariant the convert is hoisted out of the decode / layer loop, so a float32
+    shadow of every weight (and of the LM head) is live for the whole loop. A bf16/f16-native device (GPU,
+    TPU) makes none of them, nor does XLA:CPU of jaxlib 0.12 for bf16 (its dot runs bf16 natively).
+    Counted: a convert (or a fusion of one operand: convert, bitcast, transpose) in
     the ENTRY computation whose output is f32 with the element count of its 16-bit float parameter.
     """
     start = hlo_text.find("\nENTRY")
