@@ -30,7 +30,11 @@ Figures (stable keys):
   ``sft.seq_len``) and the warm start (steps, held-out NLL); ``reviewer.longest.<role>`` the longest
   demonstration prompt and reply in tokens beside the limits they must fit (``rir.prompt_budget``,
   ``rir.max_*_tokens``, ``sft.seq_len``);
-- ``reviewer.wall_s`` (whole run) and ``reviewer.{demos,sft,eval}_s``.
+- ``reviewer.wall_s`` (whole run) and ``reviewer.{demos,sft,eval}_s``; ``reviewer.policy``: the trained
+  policy exported with its tokenizer (for ``--policy model:DIR`` or ``retrojax serve``).
+
+Sizes: 160 demonstration episodes per variant, 300 SFT steps, 16 held-out levels x 1 seed (measured in
+docs/rir.md); ``--quick`` runs the same path at tiny sizes.
 
 Goal (issue 53): every parse rate ≥ 0.9 within 20 minutes on the 2-core CPU. No threshold on RIR's gain: the
 bench reports what it measures.
@@ -63,7 +67,7 @@ BENCH = [
     "rir.agent_budget=10", "rir.prompt_budget=640", "rir.max_review_tokens=128", "rir.max_select_tokens=48",
     "rir.max_patch_tokens=160", "sampler.max_reflection_tokens=160", "sampler.max_len=1536",
     "sampler.chunk_buckets=[64,256]", "sampler.max_inflight=32", "sft.seq_len=1024",
-    "learn.seq_buckets=[512,1024]", "sft.steps=400", "trial.prompt_style=compact",
+    "learn.seq_buckets=[512,1024]", "sft.steps=300", "trial.prompt_style=compact",
 ]
 # --quick: the whole path at tiny sizes (one SFT bucket, one prefill bucket, short replies, 3 agent replies)
 QUICK = [
@@ -84,7 +88,7 @@ class Sizes:
         self.epsilon = 0.4
         self.demo_protocols = ("RIR", "RIR/react") if quick else (
             "RIR", "RIR/react", "RIR/no-rollback", "RIR/restart")
-        self.levels = 2 if quick else 64
+        self.levels = 2 if quick else 16
         self.seeds = 1
         full = ("RIR/react", "RIR", "RIR/no-rollback", "RIR/restart")
         self.protocols = full[:2] if quick else full
