@@ -69,10 +69,12 @@ BENCH = [
     "sampler.chunk_buckets=[64,256]", "sampler.max_inflight=32", "sft.seq_len=1024",
     "learn.seq_buckets=[512,1024]", "sft.steps=300", "trial.prompt_style=compact",
 ]
-# --quick: the whole path at tiny sizes (one SFT bucket, one prefill bucket, short replies, 3 agent replies)
+# --quick: the whole path at tiny sizes (one SFT bucket, one prefill bucket, short replies, 4 agent replies,
+# a review after the first 2)
 QUICK = [
     "model.preset=tiny", "sft.steps=2", "sft.batch_size=2", "learn.seq_buckets=[1024]",
-    "sampler.chunk_buckets=[256]", "sampler.max_inflight=4", "rir.agent_budget=3", "sampler.max_new_tokens=8",
+    "sampler.chunk_buckets=[256]", "sampler.max_inflight=4", "rir.agent_budget=4", "rir.l_min=2", "rir.l_0=2",
+    "sampler.max_new_tokens=8",
     "rir.max_review_tokens=16", "rir.max_select_tokens=8", "rir.max_patch_tokens=16",
     "sampler.max_reflection_tokens=16",
 ]
