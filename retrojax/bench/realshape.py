@@ -4,7 +4,8 @@ A Qwen3-0.6B shape (``PRESETS["qwen3-0.6b"]``: 28 layers, hidden 1024, vocab 151
 random weights is written as a Hugging Face checkpoint (``save_pretrained``) and then run the way
 ``retrojax train`` runs a downloaded one: ``configs/sokoban.yaml`` (bfloat16, float32 master weights, T@3, the
 full prompts, SA-GRPO at learning rate 1e-6) with Qwen3's own tokenizer and chat template, scaled down only
-in counts: 2 tasks × 2 trials, 3 calls per trial, short replies, a 1,024-token cache row. The stages, each
+in counts: 2 tasks × 2 trials, 2 calls per trial, 16-token replies, a 1,024-token cache row, microbatches of
+1,024 tokens (what the plan admits beside float32 masters on a 16 GB host, see ``COUNTS``). The stages, each
 timed as a phase:
 
 - ``setup``: the random checkpoint written, the plan (``sampler.max_inflight`` and ``learn.remat`` resolved
@@ -71,11 +72,14 @@ GREEDY_PROMPT = "You push boxes onto targets. The player is left of a box; which
 # configs/sokoban.yaml scaled down in counts (the model's shape and dtype are set in ``run_config``)
 COUNTS = [
     "trial.trials_per_task=1",  # the model's trials per task; the group adds one oracle trial (docstring)
-    "trial.max_calls=3", "sampler.max_len=1024", "sampler.max_new_tokens=16",
+    "trial.max_calls=2", "sampler.max_len=1024", "sampler.max_new_tokens=16",
     "sampler.max_reflection_tokens=32",
     "learn.tasks_per_update=2", "learn.train_tasks=2", "learn.updates=1", "learn.old_logprobs=recompute",
+    # the plan's verdict at Qwen3-0.6B's shape on 15 GB: microbatches of at most 1,024 tokens fit (16,384,
+    # the default, needs 26.6 GB): one task's group (both trials share the 530-token first prompt) per row
+    "learn.max_batch_tokens=1024", "learn.seq_buckets=[256, 512, 1024]",
     "eval.every=-1",
-    "sft.warm_start=true", "sft.steps=1", "sft.batch_size=2", "sft.seq_len=1024", "sft.warmup_steps=0",
+    "sft.warm_start=true", "sft.steps=1", "sft.batch_size=1", "sft.seq_len=1024", "sft.warmup_steps=0",
     "sft.num_solver_episodes=2", "sft.num_recovery_episodes=1",
 ]
 
