@@ -112,7 +112,8 @@ def test_rir_report_writes_transcripts_and_model_facts(tmp_path):
     assert "Paired differences against RIR" in text and "failed to parse" in text
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     parsed = summary["sokoban"]["results"]["RIR"]
-    assert set(parsed["parse_failures_by_role"]) == {"review", "coarse", "fine", "patch"}
+    # RIR's four roles, beside any the baselines' variants add (assist, critique, refine, reflect, value)
+    assert {"review", "coarse", "fine", "patch"} <= set(parsed["parse_failures_by_role"])
     from retrojax.agent.rir import replies
 
     bad, total = parsed["parse_failures_by_role"], parsed["aux_calls_by_role_total"]
