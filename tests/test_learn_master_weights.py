@@ -14,26 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from test_learn_trainer import MICRO, collect
 
 from retrojax.config import from_dict
 from retrojax.learn import sft
 from retrojax.learn.precision import cast_like, master_copy
-from retrojax.learn.synthetic import synthetic_archive
 from retrojax.learn.trainer import Trainer
-from retrojax.model import Qwen3, Qwen3Config
-
-MICRO = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=256)
-
-
-def collect(model, tasks, seeds):
-    """Trials whose tokens and rewards follow from the seeds alone."""
-    arch = synthetic_archive(np.random.default_rng(list(seeds)), tasks=len(tasks), trials=2,
-                             vocab=MICRO.vocab_size, segments=2, decisions=2, prompt_len=20, turn_len=4,
-                             output_len=6)
-    for rec in [*arch.calls, *arch.segments, *arch.recoveries, *arch.trials]:
-        rec.task = int(tasks[rec.task])
-    return arch, {"trials": float(len(arch.trials))}
+from retrojax.model import Qwen3
 
 
 def bf16_trainer(out_dir, **learn) -> Trainer:
