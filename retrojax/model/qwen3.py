@@ -873,18 +873,24 @@ class Qwen3(nnx.Module):
                           dense=_attend_dense_cached)
             return _finish_block(p, h, attn, c), ck, cv
 
-        ck, cv = cache.k, cache.v
+        h, ck, cv = self._over_layers(block, h, cache.k, cache.v, layers)
+        return rms_norm(h, self.final_norm[...], c.rms_norm_eps), KVCache(k=ck, v=cv)
+
+    def _over_layers(self, block: Any, h: jax.Array, ck: jax.Array, cv: jax.Array,
+                     layers: list[dict[str, jax.Array]] | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``block(h, ck, cv, weights, i)`` over every layer: one scanned body over the stacked weights, or
+        unrolled over per-layer copies (``layers``: the sampler's decode path on CPU)."""
         if layers is None:
             params = self.layers.arrays()
 
             def body(carry, i):
                 return block(*carry, jax.tree.map(lambda w: w[i], params), i), None
 
-            (h, ck, cv), _ = jax.lax.scan(body, (h, ck, cv), jnp.arange(c.num_hidden_layers))
-        else:
-            for i, p in enumerate(layers):
-                h, ck, cv = block(h, ck, cv, p, i)
-        return rms_norm(h, self.final_norm[...], c.rms_norm_eps), KVCache(k=ck, v=cv)
+            (h, ck, cv), _ = jax.lax.scan(body, (h, ck, cv), jnp.arange(self.config.num_hidden_layers))
+            return h, ck, cv
+        for i, p in enumerate(layers):
+            h, ck, cv = block(h, ck, cv, p, i)
+        return h, ck, cv
 
     def _hidden_paged(self, h: jax.Array, input_ids: jax.Array, positions: jax.Array, cache: PagedKVCache,
                       write_start: jax.Array, window: int | None, layers: list[dict[str, jax.Array]] | None,
@@ -920,17 +926,7 @@ class Qwen3(nnx.Module):
             attn = attend(q, kt.astype(q.dtype), vw.astype(q.dtype), mask, dense=_attend_dense_cached)
             return _finish_block(p, h, attn, c), ck, cv
 
-        ck, cv = cache.k, cache.v
-        if layers is None:
-            params = self.layers.arrays()
-
-            def body(carry, i):
-                return block(*carry, jax.tree.map(lambda w: w[i], params), i), None
-
-            (h, ck, cv), _ = jax.lax.scan(body, (h, ck, cv), jnp.arange(c.num_hidden_layers))
-        else:
-            for i, p in enumerate(layers):
-                h, ck, cv = block(h, ck, cv, p, i)
+        h, ck, cv = self._over_layers(block, h, cache.k, cache.v, layers)
         return rms_norm(h, self.final_norm[...], c.rms_norm_eps), PagedKVCache(k=ck, v=cv)
 
 
