@@ -133,15 +133,14 @@ class RIROraclePolicy(_Scripted):
         if hasattr(env, "prefetch_expert"):
             env.prefetch_expert = True
 
-    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+    def _expert_moves(self, requests: Sequence[Request]) -> dict[int, str]:
+        """The expert's next move for each trial whose request plays or judges a move (one env call)."""
         agents = [r for r in requests if r.view.kind in (EXECUTE, REFINE, CRITIQUE)]
-        expert = dict(
-            zip(
-                (r.trial for r in agents),
-                self.env.expert_actions([r.slot for r in agents]) if agents else [],
-                strict=True,
-            )
-        )
+        moves = self.env.expert_actions([r.slot for r in agents]) if agents else []
+        return dict(zip((r.trial for r in agents), moves, strict=True))
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        expert = self._expert_moves(requests)
         out = []
         for req in requests:
             v: RIRView = req.view
@@ -303,14 +302,7 @@ class RIRVisibleOracle(RIROraclePolicy):
         return frozenset(eliminated(v).get(f"C_{v.checkpoint}", set()))
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        agents = [r for r in requests if r.view.kind in (EXECUTE, REFINE, CRITIQUE)]
-        expert = dict(
-            zip(
-                (r.trial for r in agents),
-                self.env.expert_actions([r.slot for r in agents]) if agents else [],
-                strict=True,
-            )
-        )
+        expert = self._expert_moves(requests)
         out = []
         for req in requests:
             v: RIRView = req.view
