@@ -192,26 +192,32 @@ OPS = st.lists(st.tuples(st.sampled_from(["grow", "rewind", "share", "reset"]), 
 @settings(max_examples=150, deadline=None)
 @given(OPS)
 def test_page_book_invariants(ops):
-    """Random grows (reserve + write), rewinds, prefix shares and resets over 4 rows whose conversations come
-    from 3 token streams: refcounts match the tables, no page is owned twice unless shared and counted,
-    free + held pages are the pool, and a rewind frees exactly the pages past the mark."""
-    ps, pages = 4, 30
+    """Random grows (reserve + write), rewinds onto another continuation, prefix shares and resets over 4 rows
+    whose conversations come from 3 token streams, against a model of the device pool: every row reads its own
+    conversation in its valid slots, every indexed page holds the prefix its key names, refcounts match the
+    tables, free + held pages are the pool, and a rewind frees exactly the pages past the mark."""
+    ps, pages, length = 4, 30, 48
     book = PageBook(4, pages, ps, max_pages=12)
-    streams = [np.random.default_rng(s).integers(0, 3, 48).astype(np.int32) for s in range(3)]
-    stream_of = [0, 0, 0, 0]
+    streams = [np.random.default_rng(s).integers(0, 3, length).astype(np.int32) for s in range(3)]
+    conversation = [streams[0].copy() for _ in range(4)]  # what each row's slots must hold
+    pool = np.full((pages, ps), -1, np.int32)  # what the device's pages hold (-1: never written)
     for op, row, n, stream in ops:
         kv = int(book.kv_len[row])
         if op == "grow":
-            slots = min(kv + n, 48)
+            slots = min(kv + n, length)
             try:
                 copies = book.reserve(row, slots)
             except PoolFullError:
                 assert book.new_pages_for(row, slots) > book.free
                 continue
             assert all(book.refcount[new] == 1 and new not in (NULL_PAGE, old) for old, new in copies)
-            book.wrote(row, slots, streams[stream_of[row]])
+            for old, new in copies:
+                pool[new] = pool[old]
+            for slot in range(kv, slots):
+                pool[book.table[row, slot // ps], slot % ps] = conversation[row][slot]
+            book.wrote(row, slots, conversation[row])
             book.trim(row)
-        elif op == "rewind":
+        elif op == "rewind":  # back to the mark, then on along another stream (a new branch)
             mark = min(n, kv)
             before = book.row_pages(row)
             held_before = book.refcount.copy()
@@ -220,10 +226,11 @@ def test_page_book_invariants(ops):
             np.testing.assert_array_equal(book.row_pages(row), before[:keep])
             gone = before[keep:]
             np.testing.assert_array_equal(book.refcount[gone], held_before[gone] - 1)
+            conversation[row] = np.concatenate([conversation[row][:mark], streams[stream][mark:]])
         elif op == "share":
             book.truncate(row, 0)
-            stream_of[row] = stream
-            taken = book.share(row, streams[stream], min(n, 48))
+            conversation[row] = streams[stream].copy()
+            taken = book.share(row, conversation[row], min(n, length))
             assert int(book.kv_len[row]) == len(taken) * ps
         else:
             book.truncate(row, 0)
@@ -233,14 +240,12 @@ def test_page_book_invariants(ops):
         held = np.concatenate([book.row_pages(r) for r in range(4)])
         pages_seen, times = np.unique(held, return_counts=True)
         np.testing.assert_array_equal(book.refcount[pages_seen], times)  # owned twice only when counted twice
-        for r in range(4):  # a row's valid slots are the keys/values of its own stream's prefix
-            for i in range(int(book.kv_len[r]) // ps):
-                p = int(book.table[r, i])
-                if book.indexed(p) and book.refcount[p] > 1:
-                    others = [o for o in range(4) if o != r and p in book.row_pages(o)]
-                    for o in others:
-                        j = int(np.flatnonzero(book.row_pages(o) == p)[0])
-                        assert j == i
+        for r in range(4):
+            valid = int(book.kv_len[r])
+            read = pool[book.table[r, : pages_for(valid, ps)]].reshape(-1)[:valid]
+            np.testing.assert_array_equal(read, conversation[r][:valid], err_msg=f"row {r}")
+        for page, tokens in book.indexed_prefixes():
+            np.testing.assert_array_equal(pool[page], tokens, err_msg=f"indexed page {page}")
 
 
 def test_bench_replay_counts_shared_prompt_pages_once():

@@ -19,8 +19,9 @@ page returns to the free list, and leaves the index, when its last row lets go.
 
 Invariants (tests/test_sampler_paged.py checks them under random operations with hypothesis):
 ``refcount[p]`` is the number of table entries pointing at page ``p``; free pages have refcount 0 and no table
-entry; the free list and the held pages partition pages 1..P-1; an indexed page is full for every row holding
-it.
+entry; the free list and the held pages partition pages 1..P-1; an indexed page that is not pending holds, in
+every slot, the keys/values of the prefix its key names: a write into it copies it first when other rows hold
+it, and takes it out of the index first when its only holder writes (a row rewound into it).
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ class PageBook:
     def indexed(self, page: int) -> bool:
         return page in self._key_of
 
+    def indexed_prefixes(self) -> list[tuple[int, np.ndarray]]:
+        """(page, the token ids it holds keys/values of) for every written indexed page (none pending)."""
+        return [(page, np.frombuffer(key[1], np.int32)) for page, key in self._key_of.items()
+                if page not in self.pending]
+
     # --- changes --------------------------------------------------------------------------------------
     def truncate(self, row: int, slots: int) -> None:
         """Keep ``row``'s first ``slots`` valid slots (at most its current ones) and the pages holding
@@ -110,11 +116,7 @@ class PageBook:
             self._release(int(p))
         self.table[row, keep : self.count[row]] = NULL_PAGE
         self.count[row] = min(int(self.count[row]), keep)
-        self.kv_len[row] = slots
-        if keep and slots % self.page_size:
-            last = int(self.table[row, keep - 1])
-            if self.refcount[last] == 1:  # its only row will overwrite the rest: no longer that prefix
-                self._unindex(last)
+        self.kv_len[row] = slots  # a kept, partly valid indexed page keeps its content until a write
 
     def reserve(self, row: int, slots: int) -> list[tuple[int, int]]:
         """Give ``row`` pages for its first ``slots`` slots before a call writes from ``kv_len[row]`` on.
@@ -138,6 +140,12 @@ class PageBook:
             self.table[row, i] = new
             self._release(old)
             copies.append((old, new))
+        elif slots > int(self.kv_len[row]):
+            start = int(self.kv_len[row]) // self.page_size
+            if start < self.count[row]:
+                page = int(self.table[row, start])
+                if page not in self.pending:  # its only holder overwrites it: no longer that prefix
+                    self._unindex(page)
         for i in range(int(self.count[row]), want):
             self.table[row, i] = self._take()
         self.count[row] = max(int(self.count[row]), want)
@@ -155,7 +163,7 @@ class PageBook:
             self.pending.discard(page)
             if page in self._key_of:
                 continue
-            key = (int(self.table[row, i - 1]) if i else -1, tokens[i * ps : (i + 1) * ps].tobytes())
+            key = self._key(row, i, tokens)
             if key not in self._index:
                 self._index[key] = page
                 self._key_of[page] = key
@@ -179,7 +187,7 @@ class PageBook:
             return taken
         i = int(self.count[row])
         while (i + 1) * ps <= upto and i < self.max_pages:
-            key = (int(self.table[row, i - 1]) if i else -1, tokens[i * ps : (i + 1) * ps].tobytes())
+            key = self._key(row, i, tokens)
             page = self._index.get(key)
             if page is None:
                 break
@@ -197,7 +205,7 @@ class PageBook:
         ps, out = self.page_size, []
         for i in range(-(-int(self.kv_len[row]) // ps), int(upto) // ps):
             page = int(self.table[row, i])
-            key = (int(self.table[row, i - 1]) if i else -1, tokens[i * ps : (i + 1) * ps].tobytes())
+            key = self._key(row, i, tokens)
             if page in self._key_of or key in self._index:
                 continue
             self._index[key] = page
@@ -236,13 +244,14 @@ class PageBook:
         assert free | {p for p in range(1, self.pages) if self.refcount[p] > 0} == set(range(1, self.pages))
         for page, key in self._key_of.items():
             assert self._index[key] == page and self.refcount[page] > 0
-        for r in range(self.rows):
-            for i in range(int(self.count[r])):
-                p = int(self.table[r, i])
-                if p in self._key_of and p not in self.pending:
-                    assert (i + 1) * self.page_size <= self.kv_len[r] or self.refcount[p] > 1, (r, i, p)
 
     # --- internals ------------------------------------------------------------------------------------
+    def _key(self, row: int, i: int, tokens: np.ndarray) -> tuple[int, bytes]:
+        """The index key of ``row``'s page ``i``: (its previous page, its tokens as int32 bytes)."""
+        ps = self.page_size
+        return (int(self.table[row, i - 1]) if i else -1,
+                np.asarray(tokens[i * ps : (i + 1) * ps], np.int32).tobytes())
+
     def _needs_copy(self, row: int, slots: int) -> bool:
         """The write from ``kv_len`` starts inside a page other rows hold too."""
         kv = int(self.kv_len[row])
