@@ -13,7 +13,7 @@ from retrojax import cli
 PHASES = ("setup", "warm_start", "trainer", "collect", "layout", "logprobs", "update", "checkpoint", "resume",
           "export", "reload", "generate")
 KEYS = [
-    *(f"realshape.{p}.{f}" for p in PHASES for f in ("wall_s", "cpu_s", "peak_rss_gb")),
+    *(f"realshape.{p}.{f}" for p in PHASES for f in ("wall_s", "cpu_s", "peak_rss_gb", "live_arrays_gb")),
     "realshape.decode_tok_per_s", "realshape.master_changed_fraction", "realshape.resume_exact",
     "realshape.export_exact", "realshape.hf_greedy_match", "realshape.total.wall_s", "realshape.total.cpu_s",
 ]

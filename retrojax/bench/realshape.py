@@ -28,7 +28,9 @@ timed as a phase:
 
 Every phase reports ``realshape.<phase>.wall_s``, ``.cpu_s`` (process CPU seconds, all threads: on a shared
 machine wall time also counts other people's work) and ``.peak_rss_gb`` (the resident-set high-water mark of
-the phase: freed heap is handed back and the mark reset at each phase's start, ``/proc/self/clear_refs``).
+the phase: freed heap is handed back and the mark reset at each phase's start, ``/proc/self/clear_refs``)
+beside ``.live_arrays_gb`` (the bytes of the JAX arrays alive at the phase's end: the gap to the resident
+set is the runtime, compiled programs, a step's temporaries and heap the allocator has not handed back).
 
 Why oracle trials in the groups: a random model never writes a parseable action, so all its trials score
 alike, every advantage is zero and there would be nothing to update. Each task's group therefore also holds
@@ -112,6 +114,11 @@ def _peak_rss_bytes() -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def live_array_bytes() -> float:
+    """Bytes of every JAX array alive now (what the process holds on purpose, beside the runtime's own)."""
+    return float(sum(a.nbytes for a in jax.live_arrays()))
+
+
 def available_memory_gb() -> float | None:
     """The host memory free for a new allocation now (MemAvailable, GB); None where /proc is missing."""
     try:
@@ -136,10 +143,12 @@ class Phases:
         if self._running is not None:
             phase, wall0, cpu0 = self._running
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-            peak = _peak_rss_bytes() / 1e9
+            peak, live = _peak_rss_bytes() / 1e9, live_array_bytes() / 1e9
             self.figures.update({f"realshape.{phase}.wall_s": wall, f"realshape.{phase}.cpu_s": cpu,
-                                 f"realshape.{phase}.peak_rss_gb": peak})
-            self.log(f"{phase}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {peak:.2f} GB")
+                                 f"realshape.{phase}.peak_rss_gb": peak,
+                                 f"realshape.{phase}.live_arrays_gb": live})
+            self.log(f"{phase}: {wall:.1f} s wall, {cpu:.1f} s CPU, peak RSS {peak:.2f} GB, "
+                     f"JAX arrays alive at its end {live:.2f} GB")
             self._running = None
         if name is not None:
             gc.collect()
