@@ -4,8 +4,8 @@ import one way (no protocol ↔ rir.report cycle)."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import subprocess
 import sys
 
 from retrojax.cli import main
@@ -130,9 +130,21 @@ def test_rir_report_writes_transcripts_and_model_facts(tmp_path):
 
 
 def test_eval_modules_import_one_way():
-    for first in ("retrojax.eval.protocol", "retrojax.eval.rir.report", "retrojax.eval.rir.run"):
-        code = f"import {first}, retrojax.eval.protocol, retrojax.eval.rir.report"
-        assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+    """Each of the eval modules imports first from a clean slate (every ``retrojax`` module dropped from
+    ``sys.modules``, so a cycle would meet a half-initialised module); the test's own modules come back
+    after, so the rest of the session keeps its classes."""
+    mine = [k for k in sys.modules if k == "retrojax" or k.startswith("retrojax.")]
+    saved = {k: sys.modules[k] for k in mine}
+    try:
+        for first in ("retrojax.eval.protocol", "retrojax.eval.rir.report", "retrojax.eval.rir.run"):
+            for k in [k for k in sys.modules if k == "retrojax" or k.startswith("retrojax.")]:
+                del sys.modules[k]
+            for name in (first, "retrojax.eval.protocol", "retrojax.eval.rir.report"):
+                importlib.import_module(name)
+    finally:
+        for k in [k for k in sys.modules if k == "retrojax" or k.startswith("retrojax.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
     src = open("retrojax/eval/rir/run.py").read() + open("retrojax/eval/rir/metrics.py").read()
     assert "eval.protocol" not in src.replace("``eval.protocol``", "") and "rir.report" not in src.replace(
         "``eval.rir.report``", ""
