@@ -57,9 +57,12 @@ class ModelConfig:
     dtype: str = "float32"  # float32 | bfloat16
     seed: int = 0
     adapter: str | None = None  # a PEFT LoRA adapter directory to put on the base (retrojax.model.peft)
-    # ours: the learner's attention (Qwen3.hidden, no KV cache). pallas: the forest flash-attention kernel
-    # (retrojax.kernels; interpret mode on CPU, for tests); xla: the einsum blocks; auto: pallas on gpu/tpu
-    attention: Literal["auto", "xla", "pallas"] = "auto"
+    # ours: the attention of the learner (Qwen3.hidden) and of the KV cache's prefill and decode
+    # (retrojax.model.qwen3.attention_kind). xla: the einsum blocks; fused: jax.nn.dot_product_attention
+    # (cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere); pallas: the forest
+    # flash-attention kernel (retrojax.kernels; interpret mode on CPU) for the learner, fused for the cache;
+    # auto: xla on cpu, on gpu/tpu the kernel for token forests and fused for rows, prefill and decode
+    attention: Literal["auto", "xla", "pallas", "fused"] = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,10 @@ class SamplerConfig:
     # device holds beside the run once its rows' temporaries are counted (retrojax.plan.admission), at most
     # every row at max_len. A call that needs more pages than are free evicts other rows (recomputed later)
     kv_pages: int | Literal["auto"] = "auto"
+    # ours: decode over per-layer copies of the layer weights, unrolled (true), or one scanned layer body
+    # over the stacked weights, no copies (false); auto: true on cpu only (retrojax.model.qwen3.
+    # use_layer_copies: XLA:CPU copies a stacked weight's slice per step, an accelerator reads it in place)
+    layer_copies: bool | Literal["auto"] = "auto"
 
     def inflight_rows(self) -> int:
         """``max_inflight`` as a row limit: 0 (every trial of a batch) while ``auto`` is unresolved."""

@@ -22,16 +22,19 @@ Device (jit, static shapes, cache donated; the cached forward pass is ``Qwen3.hi
 updates the cache in place and limits attention to a power-of-two window of leading slots that covers the
 listed rows — ``min_window`` up to ``max_len``): ``_prefill`` writes up to one bucket of tokens per row
 (``chunk_buckets``; longer chunks go in several calls), ``_decode`` runs the whole decode in one
-``lax.while_loop`` over per-layer copies of the weights (see below): sampling
-(:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via per-token automaton tables
-(:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
+``lax.while_loop`` (its layers unrolled over per-layer weight copies on CPU, scanned elsewhere; see
+below): sampling (:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via per-token
+automaton tables (:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
 per attention window, one per chunk bucket and one per (power-of-two max_new_tokens, stop-id count,
 stop-string table shape).
 
-Decode reads each layer's weights from its own array (``Qwen3.layer_weights``, sliced once per model and kept
-until ``update_model``): a matmul on CPU cannot read a slice of the stacked weights in place, and slicing per
-step (a layer scan) or per call (page faults on a fresh copy) cost more than the decode itself at real widths.
-The price is one more copy of the layer weights in memory while the sampler holds them.
+Decode on CPU reads each layer's weights from its own array (``Qwen3.layer_weights``, sliced once per model
+and kept until ``update_model``): a matmul on CPU cannot read a slice of the stacked weights in place, and
+slicing per step (a layer scan) or per call (page faults on a fresh copy) cost more than the decode itself at
+real widths. The price is one more copy of the layer weights in memory while the sampler holds them. On an
+accelerator the decode scans one compiled layer body over the stacked weights and holds no copies
+(``layer_copies``, ``sampler.layer_copies``; auto = copies on CPU only: ``retrojax.model.qwen3.
+use_layer_copies``).
 
 Paged keys/values (``kv="paged"``; :mod:`retrojax.sampling.pages`, docs/paged-cache.md): instead of
 ``rows`` × ``max_len`` slots, one pool of fixed-size pages and a page table per row. A row takes pages as it
@@ -69,6 +72,7 @@ from retrojax.model.qwen3 import (
     Qwen3,
     init_cache,
     init_paged_cache,
+    use_layer_copies,
 )
 from retrojax.parallel.rules import MeshFromArgs, partition_spec, rules_for
 from retrojax.parallel.shard import model_mesh, place_cache
@@ -127,6 +131,10 @@ class Sampler:
     ``kv``: ``"dense"`` (``rows`` × ``max_len`` slots) or ``"paged"`` (module docstring): a pool of ``pages``
     pages of ``page_size`` slots (default: room for every row at ``max_len``, so nothing is ever evicted; at
     least one full row) shared by the rows; a window that is not whole pages reads its last page in part.
+
+    ``layer_copies`` (``sampler.layer_copies``): decode over per-layer weight copies (True) or a layer scan
+    over the stacked weights (False); None takes the model's ``layer_copies`` attribute (set from the config
+    by ``build_model``), else ``auto`` (``retrojax.model.qwen3.use_layer_copies``: copies on CPU only).
     """
 
     def __init__(
@@ -143,8 +151,11 @@ class Sampler:
         kv: str = "dense",
         page_size: int = PAGE_SIZE,
         pages: int | None = None,
+        layer_copies: bool | str | None = None,
     ):
         self.config = model.config
+        self.layer_copies = use_layer_copies(getattr(model, "layer_copies", "auto") if layer_copies is None
+                                             else layer_copies)
         self.book = RowBook(rows, max_len, self.config.vocab_size)
         self.buckets = clip_buckets(chunk_buckets, max_len)
         if isinstance(min_window, bool) or not isinstance(min_window, int) or min_window <= 0:
@@ -628,8 +639,11 @@ class Sampler:
             raise SamplerError("stop_strings need a tokenizer (Sampler(..., tokenizer=...))")
         return out
 
-    def _layer_weights(self) -> list[dict[str, jax.Array]]:
-        """Each layer's weights as separate arrays (sliced once per model; see the module docstring)."""
+    def _layer_weights(self) -> list[dict[str, jax.Array]] | None:
+        """Each layer's weights as separate arrays (sliced once per model; see the module docstring), or None
+        without ``layer_copies``: the decode then scans the stacked weights."""
+        if not self.layer_copies:
+            return None
         if self._layers is None:
             self._layers = _slice_layers(self._graphdef, self._state)
         return self._layers

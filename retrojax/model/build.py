@@ -33,6 +33,7 @@ def build_model(cfg: Any, remat: bool | None = None) -> Any:
         remat = setting if isinstance(setting, bool) else False
     model = _build_base(cfg, remat)
     model.attention = getattr(cfg.model, "attention", "auto")  # model.attention (Qwen3.hidden's attention)
+    model.layer_copies = getattr(cfg.sampler, "layer_copies", "auto")  # what samplers over it decode with
     lora = getattr(cfg.learn, "lora", None)
     adapter = getattr(cfg.model, "adapter", None)
     if adapter:

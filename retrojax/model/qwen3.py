@@ -1,9 +1,11 @@
 """Qwen3 decoder in Flax nnx, numerically matching transformers' ``Qwen3ForCausalLM``.
 
 Layers are stacked on a leading axis and run with ``lax.scan`` so compile time does not grow with depth;
-decode loops instead unroll them over per-layer weight slices taken once (``layer_weights``; see
-``hidden_cached``). Every parameter carries logical axis names (``out_sharding`` metadata) so a checkpoint can
-be placed on a mesh. Norms, softmax and logits are computed in float32 whatever the parameter dtype.
+decode loops on CPU instead unroll them over per-layer weight slices taken once (``layer_weights``; see
+``hidden_cached`` and ``use_layer_copies``). Attention is the einsum blocks of ``attend``/``attend_tree``, the
+Pallas forest kernel or ``jax.nn.dot_product_attention``, as ``model.attention`` says (``attention_kind``).
+Every parameter carries logical axis names (``out_sharding`` metadata) so a checkpoint can be placed on a
+mesh. Norms, softmax and logits are computed in float32 whatever the parameter dtype.
 """
 
 from __future__ import annotations
@@ -623,6 +625,84 @@ def _attend_dense_cached(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Ar
     return out.reshape(b, kvh, t, g, d).transpose(0, 2, 1, 3, 4).reshape(b, t, n, d)
 
 
+MaskFn = Callable[[int, int, int], "jax.Array | None"]
+
+
+def _dpa_implementation(q: jax.Array, s: int, masked: bool) -> str:
+    """``cudnn`` where cuDNN flash attention applies (GPU, bf16/fp16, head_dim a multiple of 8 and <= 128;
+    with a mask, which it takes as a bias, even query and key lengths), else ``xla``."""
+    t, d = q.shape[1], q.shape[-1]
+    if jax.default_backend() != "gpu" or q.dtype not in (jnp.bfloat16, jnp.float16):
+        return "xla"
+    if d % 8 or d > 128 or (masked and (t % 2 or s % 2)):
+        return "xla"
+    return "cudnn"
+
+
+def _dpa(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causal: bool,
+         kv_lengths: jax.Array | None, implementation: str) -> jax.Array:
+    m = None if mask is None else mask[:, None]  # [B, 1, T | 1, S]: every head alike
+    if m is not None and implementation == "cudnn":  # cuDNN takes the mask as a full-size bias
+        m = jnp.broadcast_to(m, (q.shape[0], 1, q.shape[1], k.shape[1]))
+    return jax.nn.dot_product_attention(q, k, v, mask=m, is_causal=causal, key_value_seq_lengths=kv_lengths,
+                                        implementation=implementation)
+
+
+def _attend_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: MaskFn, causal: bool = False,
+                  kv_lengths: jax.Array | None = None) -> jax.Array:
+    """``attend`` through ``jax.nn.dot_product_attention`` (``model.attention`` kind ``fused``).
+
+    q [B, T, N, D]; k, v [B, S, KVH, D] with fewer heads (grouped-query attention: K/V are not repeated).
+    ``mask_fn(lo, hi, s)``: the bool mask [B, hi - lo | 1, s] of query rows [lo, hi) over keys [0, s), or
+    None; ``causal`` (S == T): key j <= query i besides; ``kv_lengths`` int32 [B]: row b reads keys
+    < kv_lengths[b] only (cuDNN skips the rest; XLA masks it). On GPU with bf16/fp16 this is one cuDNN flash
+    attention call (``_dpa_implementation``; a shape cuDNN refuses falls back to XLA's implementation).
+    XLA's implementation holds [T, S] scores per head, so rows longer than ``ATTN_Q_BLOCK`` run it in
+    rematerialized query blocks (causal: each block against the keys up to its last row), as ``attend``.
+    """
+    t, s = q.shape[1], k.shape[1]
+    if causal and s != t:
+        raise ValueError(f"_attend_fused: causal needs as many keys as queries, got {s} and {t}")
+    impl = _dpa_implementation(q, s, mask_fn(0, 1, s) is not None)
+    if impl == "cudnn":
+        try:
+            return _dpa(q, k, v, mask_fn(0, t, s), causal, kv_lengths, "cudnn")
+        except (NotImplementedError, RuntimeError, ValueError):  # a cuDNN build or GPU that refuses it
+            pass
+    block = CAUSAL_Q_BLOCK if causal else ATTN_Q_BLOCK
+    if t <= block:
+        return _dpa(q, k, v, mask_fn(0, t, s), causal, kv_lengths, "xla")
+    outs = []
+    for lo in range(0, t, block):
+        hi = min(lo + block, t)
+        keys = hi if causal else s
+
+        def one(qb, kb, vb, lens, lo=lo, hi=hi, keys=keys):
+            mask = mask_fn(lo, hi, keys)
+            if causal:
+                tri = jnp.arange(keys)[None, None, :] <= jnp.arange(lo, hi)[None, :, None]
+                mask = tri if mask is None else tri & mask
+            return _dpa(qb, kb, vb, mask, False, lens, "xla")
+
+        outs.append(jax.checkpoint(one)(q[:, lo:hi], k[:, :keys], v[:, :keys], kv_lengths))
+    return jnp.concatenate(outs, axis=1)
+
+
+def _attend_cached_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+                         slots: jax.Array) -> jax.Array:
+    """Attention against a cache window (k, v [B, S, KVH, D]) through ``_attend_fused``: row b reads slots
+    up to its last query's (``slots`` [B, T]: each query's own slot), so decode reads each row's used length
+    rather than the whole window where the implementation can skip (cuDNN); one query per row needs no other
+    mask, several (prefill) keep ``mask`` [B, T, S] for the slots between."""
+    s = k.shape[1]
+    lengths = jnp.minimum(slots[:, -1] + 1, s).astype(jnp.int32)
+
+    def window_mask(lo: int, hi: int, keys: int) -> jax.Array | None:
+        return None if q.shape[1] == 1 else mask[:, lo:hi, :keys]
+
+    return _attend_fused(q, k, v, window_mask, kv_lengths=lengths)
+
+
 _ACT = ("batch", "seq", "act_embed")
 
 
@@ -679,21 +759,60 @@ def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: 
     return constrain(h + _with_adapter(_project(act, p["down"]), act, p, "down"), _ACT)
 
 
+ATTENTION_CHOICES = ("auto", "xla", "pallas", "fused")  # model.attention
+ATTENTION_PATHS = ("rows", "forest", "cache")
+
+
+def attention_kind(attention: str, path: str) -> str:
+    """What ``model.attention`` runs for ``path`` on the default backend: ``xla`` | ``pallas`` | ``fused``.
+
+    Paths: ``rows`` (``Qwen3.hidden`` without ``tree_exit``: the learner's ``rows`` layout), ``forest`` (with
+    ``tree_exit``: ``packed``, ``tree``, ``tree_long``), ``cache`` (``hidden_cached``: prefill and decode).
+    Kinds: ``xla`` — the einsum blocks (``attend`` / ``attend_tree``); ``pallas`` — the forest flash-attention
+    kernel of retrojax.kernels (interpret mode on CPU); ``fused`` — ``jax.nn.dot_product_attention``
+    (``_attend_fused``: cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere), the
+    mask of a forest given to it densely. Settings: ``xla`` and ``fused`` run their kind everywhere;
+    ``pallas`` runs the kernel for rows and forests and ``fused`` for the cache (there is no cache kernel);
+    ``auto`` is ``xla`` on CPU and, on GPU/TPU, ``fused`` for rows and the cache and the kernel for forests
+    (it skips the blocks no query of a forest sees, which a dense mask cannot).
+    """
+    if attention not in ATTENTION_CHOICES:
+        raise ValueError(f"model.attention must be {' | '.join(ATTENTION_CHOICES)}, got {attention!r}")
+    if path not in ATTENTION_PATHS:
+        raise ValueError(f"attention path must be {' | '.join(ATTENTION_PATHS)}, got {path!r}")
+    if attention == "auto":
+        if jax.default_backend() not in ("gpu", "tpu"):
+            return "xla"
+        return "pallas" if path == "forest" else "fused"
+    if attention == "pallas" and path == "cache":
+        return "fused"
+    return attention
+
+
 def use_pallas_attention(attention: str) -> bool:
-    """``model.attention`` on the default backend: ``pallas`` (the forest flash-attention kernel of
-    retrojax.kernels; interpret mode on CPU), ``xla`` (``attend`` / ``attend_tree``), ``auto`` (pallas on
-    gpu/tpu, xla on cpu)."""
-    if attention not in ("auto", "xla", "pallas"):
-        raise ValueError(f"model.attention must be auto | xla | pallas, got {attention!r}")
-    return attention == "pallas" or (attention == "auto" and jax.default_backend() in ("gpu", "tpu"))
+    """Whether ``model.attention`` runs the Pallas forest kernel for token forests (``attention_kind``)."""
+    return attention_kind(attention, "forest") == "pallas"
+
+
+def use_layer_copies(setting: bool | str) -> bool:
+    """``sampler.layer_copies`` on the default backend: decode over per-layer weight copies, unrolled
+    (``Qwen3.layer_weights``; True), or one scanned layer body over the stacked weights, no copies (False).
+    ``auto``: copies on CPU only — XLA:CPU cannot feed a slice of a stacked weight to a matmul in place, so
+    a scan copied every layer's weights on every step there; an accelerator's scan reads the slice in place,
+    and the copies would only cost memory and compile time (one body per layer)."""
+    if isinstance(setting, bool):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"sampler.layer_copies must be auto | true | false, got {setting!r}")
+    return jax.default_backend() == "cpu"
 
 
 class Qwen3(nnx.Module):
     """Qwen3 causal LM. ``model(ids) -> logits``; ``hidden_cached`` for KV-cache decoding.
 
     ``remat=True`` rematerializes each layer in the backward pass (training memory ~ one layer's activations).
-    ``attention`` (``model.attention``): the attention of ``hidden`` (the learner's rows and forests; the KV
-    cache's prefill and decode keep their own), see ``use_pallas_attention``.
+    ``attention`` (``model.attention``): the attention of ``hidden`` (the learner's rows and forests) and of
+    ``hidden_cached`` (prefill and decode), resolved per path by ``attention_kind``.
     """
 
     def __init__(self, config: Qwen3Config, *, dtype: Any = jnp.float32, rngs: nnx.Rngs | None = None,
@@ -765,16 +884,24 @@ class Qwen3(nnx.Module):
         positions = default_pos if positions is None else jnp.asarray(positions, jnp.int32)
         if positions.shape != (b, t):
             raise ValueError(f"positions shape {positions.shape} != input_ids shape {(b, t)}")
-        kernel = use_pallas_attention(self.attention)
-        if kernel:  # the same mask as the kernel's forest: a real key's subtree is the rest of the row
+        kind = attention_kind(self.attention, "rows")
+        if kind == "pallas":  # the kernel's forest: a real key's subtree is the rest of the row
             exits = jnp.full((b, t), t, jnp.int32)
             if attention_mask is not None:  # a padding key is seen by nobody
                 exits = jnp.where(am, exits, jnp.arange(t, dtype=jnp.int32))
 
+        def key_mask(lo: int, hi: int, s: int) -> jax.Array | None:  # fused: causal plus the padding keys
+            return None if attention_mask is None else am[:, None, :s]
+
         def body(h, p):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
             q, k, v = _qkv(p, x, positions, c)
-            attn = _forest_kernel(q, k, v, exits) if kernel else attend(q, k, v, mask, causal=True)
+            if kind == "pallas":
+                attn = _forest_kernel(q, k, v, exits)
+            elif kind == "fused":
+                attn = _attend_fused(q, k, v, key_mask, causal=True)
+            else:
+                attn = attend(q, k, v, mask, causal=True)
             return _finish_block(p, h, attn, c), None
 
         h, _ = self._scan(body, h, self.layers.arrays())
@@ -793,7 +920,17 @@ class Qwen3(nnx.Module):
         if positions.shape != (b, t) or tree_exit.shape != (b, t):
             raise ValueError(f"positions {positions.shape} and tree_exit {tree_exit.shape} must be {(b, t)}")
 
-        attend_forest = _forest_kernel if use_pallas_attention(self.attention) else attend_tree
+        kind = attention_kind(self.attention, "forest")
+
+        def forest_mask(lo: int, hi: int, s: int) -> jax.Array:  # fused: the forest's mask, dense per block
+            return tree_block_mask(tree_exit, lo, hi, s)
+
+        def attend_forest(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Array) -> jax.Array:
+            if kind == "pallas":
+                return _forest_kernel(q, k, v, tree_exit)
+            if kind == "fused":
+                return _attend_fused(q, k, v, forest_mask, causal=True)
+            return attend_tree(q, k, v, tree_exit)
 
         def body(h, p):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
@@ -832,8 +969,10 @@ class Qwen3(nnx.Module):
 
         ``layers``: the per-layer weights from :meth:`layer_weights`, for decode loops (sliced once outside
         the loop): the layers then run as an unrolled Python loop, with no weight copy and fusion across
-        layers. Without it they run as a ``lax.scan`` over the stacked weights, which slices (copies) each
-        layer's weights per call but compiles in a fraction of the time (prefill: many tokens per call).
+        layers. Without it they run as a ``lax.scan`` over the stacked weights, which on XLA:CPU slices
+        (copies) each layer's weights per call but compiles in a fraction of the time (prefill: many tokens
+        per call); on an accelerator the scan reads each slice in place, so samplers decode that way there
+        (``use_layer_copies``). Attention: ``model.attention``'s ``cache`` kind (``attention_kind``).
         Either way each layer scatters its keys/values at slot ``write_start[b] + t`` of the stacked cache
         (layout: ``KVCache``), which XLA updates in place when the cache is donated (in the scan it is loop
         carry: as scanned input/output the whole cache would be re-stacked every step).
@@ -863,14 +1002,20 @@ class Qwen3(nnx.Module):
         # token t of row b, kv head h -> [layer, b, h, :, slot] of k and [layer, b, h, slot] of v
         rows, heads = jnp.arange(b)[:, None, None], jnp.arange(c.num_key_value_heads)[None, None]
         at = slots[..., None]
+        fused = attention_kind(self.attention, "cache") == "fused"
 
         def block(h, ck, cv, p, i):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
             q, k, v = _qkv(p, x, positions, c)  # k, v: [B, T, KVH, D]
             ck = constrain(ck.at[i, rows, heads, :, at].set(k.astype(ck.dtype), mode="drop"), CACHE_K_AXES)
             cv = constrain(cv.at[i, rows, heads, at].set(v.astype(cv.dtype), mode="drop"), CACHE_V_AXES)
-            attn = attend(q, ck[i, :, :, :, :s].astype(q.dtype), cv[i, :, :, :s].astype(q.dtype), mask,
-                          dense=_attend_dense_cached)
+            if fused:  # [B, S, KVH, D], as dot_product_attention takes them
+                kw = ck[i, :, :, :, :s].transpose(0, 3, 1, 2).astype(q.dtype)
+                vw = cv[i, :, :, :s].transpose(0, 2, 1, 3).astype(q.dtype)
+                attn = _attend_cached_fused(q, kw, vw, mask, slots)
+            else:
+                attn = attend(q, ck[i, :, :, :, :s].astype(q.dtype), cv[i, :, :, :s].astype(q.dtype), mask,
+                              dense=_attend_dense_cached)
             return _finish_block(p, h, attn, c), ck, cv
 
         h, ck, cv = self._over_layers(block, h, cache.k, cache.v, layers)
@@ -915,12 +1060,18 @@ class Qwen3(nnx.Module):
         page = jnp.where(slots < s, page, cache.pages)[..., None]
         off = (slots % ps)[..., None]
         heads = jnp.arange(kvh)[None, None]
+        fused = attention_kind(self.attention, "cache") == "fused"
 
         def block(h, ck, cv, p, i):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
             q, k, v = _qkv(p, x, positions, c)  # k, v: [B, T, KVH, D]
             ck = constrain(ck.at[i, page, heads, :, off].set(k.astype(ck.dtype), mode="drop"), PAGE_K_AXES)
             cv = constrain(cv.at[i, page, heads, off].set(v.astype(cv.dtype), mode="drop"), PAGE_V_AXES)
+            if fused:  # the gathered window as [B, S, KVH, D]
+                kw = ck[i, pages].transpose(0, 1, 4, 2, 3).reshape(b, span, kvh, d)[:, :s]
+                vw = cv[i, pages].transpose(0, 1, 3, 2, 4).reshape(b, span, kvh, d)[:, :s]
+                attn = _attend_cached_fused(q, kw.astype(q.dtype), vw.astype(q.dtype), mask, slots)
+                return _finish_block(p, h, attn, c), ck, cv
             kt = ck[i, pages].transpose(0, 2, 3, 1, 4).reshape(b, kvh, d, span)[..., :s]  # [B, KVH, D, S]
             vw = cv[i, pages].transpose(0, 2, 1, 3, 4).reshape(b, kvh, span, d)[:, :, :s]  # [B, KVH, S, D]
             attn = attend(q, kt.astype(q.dtype), vw.astype(q.dtype), mask, dense=_attend_dense_cached)

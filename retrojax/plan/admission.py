@@ -6,7 +6,7 @@ another device) and:
 
 - ``sampler.max_inflight: auto`` becomes the most sampler rows that fit beside what the run keeps resident
   (weights, the learner's float32 masters, AdamW moments, gradients, the KL reference, the sampler's per-layer
-  weight copies, update activations);
+  weight copies where ``sampler.layer_copies`` keeps them - CPU, by default - update activations);
 - an explicit ``max_inflight`` (or ``serve --max-batch``) that does not fit, or a run where not even one row
   fits, stops with :class:`DoesNotFit` before anything of that size is allocated: the plan's numbers and what
   to change.
@@ -121,7 +121,7 @@ def train_resident_bytes(cfg: Any, remat: bool = False) -> dict[str, float]:
         "adamw": float(2 * trainable * master_it),
         "grads": float(trainable * master_it),
         "reference": float(trainable * train_it if cfg.learn.kl_coef > 0 or cfg.learn.track_kl_ref else 0),
-        "layer_copies": float(layer_param_count(c) * it),
+        "layer_copies": float(layer_param_count(c) * it if _copies(cfg) else 0),
     }
     # update activations: every layer's activations of one microbatch in float32 (remat: one layer's, plus
     # each layer's input), plus the chunked LM head's logits (three float32 copies: logits, softmax, gradient)
@@ -140,10 +140,21 @@ def train_resident_bytes(cfg: Any, remat: bool = False) -> dict[str, float]:
     return parts
 
 
-def inference_resident_bytes(config: Any, dtype: str) -> dict[str, float]:
-    """Closed-form bytes a decoding-only run keeps besides its rows: the weights and the per-layer copies."""
+def inference_resident_bytes(config: Any, dtype: str, layer_copies: bool | str = "auto") -> dict[str, float]:
+    """Closed-form bytes a decoding-only run keeps besides its rows: the weights and the sampler's per-layer
+    copies (``layer_copies``: ``sampler.layer_copies``; none where the decode scans the stacked weights)."""
+    from retrojax.model.qwen3 import use_layer_copies
+
     it = _itemsize(dtype)
-    return {"weights": float(param_count(config) * it), "layer_copies": float(layer_param_count(config) * it)}
+    copies = layer_param_count(config) * it if use_layer_copies(layer_copies) else 0
+    return {"weights": float(param_count(config) * it), "layer_copies": float(copies)}
+
+
+def _copies(cfg: Any) -> bool:
+    """Whether the run's samplers keep per-layer weight copies (``sampler.layer_copies`` on this backend)."""
+    from retrojax.model.qwen3 import use_layer_copies
+
+    return use_layer_copies(getattr(cfg.sampler, "layer_copies", "auto"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,7 +355,8 @@ def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None) -
 def admit_decoding(cfg: Any, budget: float, config: Any = None, job: str = "eval") -> Admission:
     """Rows for a decoding-only run (``eval``/``rir`` with a model policy): weights + rows of KV."""
     kv = KVShape.of(cfg, config)
-    return admit_kv(job=job, kv=kv, resident=inference_resident_bytes(kv.config, cfg.model.dtype),
+    resident = inference_resident_bytes(kv.config, cfg.model.dtype, _copies(cfg))
+    return admit_kv(job=job, kv=kv, resident=resident,
                     budget=budget, requested=cfg.sampler.max_inflight, wanted=None,
                     pages=getattr(cfg.sampler, "kv_pages", "auto"),
                     hint="To fit: shorten sampler.max_len, lower sampler.max_inflight or use a smaller "

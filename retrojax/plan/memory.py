@@ -231,9 +231,10 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
                  net: bool = True) -> dict[str, float]:
     """Per-device bytes of rollouts as the trainer's sampler runs them (compile-only): the weights it holds
     besides the training state (the rollout-profile copy on a mesh, the per-layer decode copies of
-    ``Qwen3.layer_weights``), the KV cache, and the temporaries of its two programs at their largest
-    shapes: a prefill of every row by the largest chunk bucket against the whole cache, and the
-    whole-reply decode loop (``sampler._decode``) over the per-layer copies.
+    ``Qwen3.layer_weights``, where ``sampler.layer_copies`` keeps them), the KV cache, and the temporaries
+    of its two programs at their largest shapes: a prefill of every row by the largest chunk bucket against
+    the whole cache, and the whole-reply decode loop (``sampler._decode``) over the per-layer copies (or,
+    without them, a layer scan over the stacked weights).
 
     A LoRA policy decodes with its adapters applied per step (the trainer's sampler never merges them).
     """
@@ -241,7 +242,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model.qwen3 import abstract_cache
+    from retrojax.model.qwen3 import abstract_cache, use_layer_copies
     from retrojax.parallel.shard import make_plan, param_shapes
     from retrojax.sampler import _decode, _prefill
     from retrojax.sampling.stops import pow2_at_least
@@ -255,8 +256,10 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     pure = _with_shardings(param_shapes(model), None if plan is None else plan.rollout_params)
     abstract_state = jax.tree.map(lambda x: x, state)
     nnx.replace_by_pure_dict(abstract_state, pure)
-    layers = jax.eval_shape(lambda s: nnx.merge(graphdef, s).layer_weights(), abstract_state)
-    if plan is not None:
+    copies = use_layer_copies(getattr(sc, "layer_copies", "auto"))
+    layers = jax.eval_shape(lambda s: nnx.merge(graphdef, s).layer_weights(), abstract_state) if copies \
+        else None
+    if plan is not None and layers is not None:
         stacked = pure["layers"]
         layers = [{k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=_layer_sharding(stacked[k].sharding))
                    for k, v in layer.items()} for layer in layers]
@@ -291,7 +294,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
         "decode_upcast": float(up_decode),
         # a separate copy of the whole model: the rollout profile on a mesh
         "rollout_params": float(shard_bytes(pure)) if multi else 0.0,
-        "layer_copy": float(shard_bytes(pure["layers"])),
+        "layer_copy": float(shard_bytes(pure["layers"])) if copies else 0.0,
         "rows": float(rows),
     }
 
