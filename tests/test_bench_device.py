@@ -19,6 +19,9 @@ QUICK_KEYS = [
     "device.forest.tiny.tokens", "device.forest.tiny.visible_pairs",
     *(f"device.forest.tiny.{impl}_s" for impl in ("kernel", "xla_loop", "dense")),
     "device.forest.tiny.kernel_over_xla_loop", "device.forest.tiny.kernel_over_dense",
+    "device.update.tiny.attention_rows",
+    *(f"device.rows_fused.tiny.{f}" for f in ("tokens", "implementation", "fused_s", "xla_s",
+                                              "xla_over_fused")),
     *(f"device.{kind}.tiny.{f}.{b}" for b in (1, 8, 32)
       for kind, f in (("prefill", "tok_per_s"), ("prefill", "mfu"), ("decode", "tok_per_s"),
                       ("decode", "hbm_roofline_fraction"))),
@@ -34,9 +37,12 @@ def test_bench_device_quick_writes_every_key(tmp_path, capsys):
     assert figures["device.backend"] == "cpu"
     assert figures["device.forest.max_abs_err"] <= 1e-5
     assert figures["device.update.tiny.attention"] == "xla"  # model.attention auto on CPU
+    assert figures["device.update.tiny.attention_rows"] == "xla"
+    assert figures["device.rows_fused.tiny.implementation"] == "xla"  # cuDNN is for GPUs
     assert figures["device.peak_bf16_flops"] is None and figures["device.update.tiny.rows.mfu"] is None
     for key in QUICK_KEYS:
         if key.startswith(("device.forest.tiny.", "device.update.tiny.r", "device.update.tiny.t",
+                           "device.rows_fused.tiny.fused", "device.rows_fused.tiny.x",
                            "device.prefill.tiny.tok", "device.decode.tiny.tok")) and ".mfu" not in key:
             assert figures[key] > 0, key
     assert "device.forest.max_abs_err: " in capsys.readouterr().out

@@ -13,7 +13,8 @@ order per shape (``S`` is the shape's name):
   (6 × linear weights × positions + 12 × layers × heads × head_dim × visible query–key pairs + 6 × vocab ×
   hidden × trained tokens) and ``.mfu`` (model FLOPs / s / the device's peak; null where the table below
   lacks the device); ``device.update.S.tree_long_speedup`` = rows s / tree_long s;
-  ``device.update.S.attention`` = the attention ``model.attention: auto`` picked (pallas or xla).
+  ``device.update.S.attention`` and ``.attention_rows`` = the attention ``model.attention: auto`` picked
+  for token forests (pallas or xla) and for the rows layout (fused or xla; ``attention_kind``).
 - ``device.memory.S.plan_bytes``: ``retrojax plan``'s bytes of that rows update (``plan_update``,
   compile-only) and ``device.memory.S.peak_bytes_in_use``: the device's own peak after running it (null
   where the device reports no ``memory_stats``, as XLA:CPU).
@@ -22,6 +23,10 @@ order per shape (``S`` is the shape's name):
   the shape's heads: the Pallas kernel (``retrojax.kernels.forest_attention``), the XLA block-sparse loop
   (``attend_tree`` with its block of 64) and dense causal blocks (``attend`` with the [T, T] mask);
   ``.kernel_over_xla_loop`` and ``.kernel_over_dense`` are time ratios (other / kernel).
+- ``device.rows_fused.S.{fused,xla}_s``: attention forward + backward on one causal row of as many tokens
+  (the ``rows`` layout's mask) through ``jax.nn.dot_product_attention`` (``attend_fused``, ``model.attention``
+  kind fused; ``.implementation`` says whether cuDNN flash attention ran or XLA's) and the einsum causal
+  blocks (``attend``, kind xla); ``.xla_over_fused`` = xla s / fused s.
 - ``device.prefill.S.tok_per_s.B`` and ``.mfu.B``: a 512-token prompt per row through ``Sampler.append``;
   ``device.decode.S.tok_per_s.B`` and ``.hbm_roofline_fraction.B``: 128 greedy tokens per row through
   ``Sampler.generate``, against the roofline rows / ((weight bytes + the KV bytes a step reads) / HBM
@@ -185,6 +190,27 @@ def forest_times(name: str, config: Any, sizes: Sizes, log) -> dict[str, float]:
     return out
 
 
+def rows_times(name: str, config: Any, sizes: Sizes, log) -> dict[str, Any]:
+    """Forward + backward of one causal row: fused (``jax.nn.dot_product_attention``) vs the einsum blocks."""
+    from retrojax.model.qwen3 import attend, attend_fused, fused_implementation
+
+    t = sizes.forest_tokens
+    q, k, v, w = _attention_inputs(config, t, sizes.dtype, 2)
+    causal = jnp.tril(jnp.ones((t, t), bool))[None]
+    impls = {"fused": lambda q, k, v, m: attend_fused(q, k, v, lambda lo, hi, s: None, causal=True),
+             "xla": lambda q, k, v, m: attend(q, k, v, m, causal=True)}
+    key = f"device.rows_fused.{name}"
+    out: dict[str, Any] = {f"{key}.tokens": float(t),
+                           f"{key}.implementation": fused_implementation(q, t, False)}
+    for impl, attend_fn in impls.items():
+        fn = _fwd_bwd(attend_fn)
+        jax.block_until_ready(fn(q, k, v, causal, w))  # compile
+        out[f"{key}.{impl}_s"] = median_time(lambda fn=fn: fn(q, k, v, causal, w), sizes.repeats)
+        log(f"rows {name} {impl}: {out[f'{key}.{impl}_s']:.4f} s")
+    out[f"{key}.xla_over_fused"] = out[f"{key}.xla_s"] / out[f"{key}.fused_s"]
+    return out
+
+
 def _linear_params(c: Any) -> int:
     """Weights of the per-token matrix products of all layers (the LM head counted apart)."""
     attn = c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
@@ -211,7 +237,7 @@ def update_figures(name: str, model: Any, sizes: Sizes, peak: float | None, log)
     from retrojax.learn.batch import plan_batches
     from retrojax.learn.synthetic import synthetic_archive
     from retrojax.learn.update import make_update
-    from retrojax.model.qwen3 import use_pallas_attention
+    from retrojax.model.qwen3 import attention_kind
 
     c = model.config
     budget = sizes.update_tokens
@@ -223,8 +249,8 @@ def update_figures(name: str, model: Any, sizes: Sizes, peak: float | None, log)
     arch = synthetic_archive(np.random.default_rng(0), tasks=2, trials=8, vocab=c.vocab_size, segments=3,
                              decisions=3, **shape)
     adv = advantages_from_config(arch, lc)
-    out: dict[str, Any] = {f"device.update.{name}.attention":
-                           "pallas" if use_pallas_attention(model.attention) else "xla"}
+    out: dict[str, Any] = {f"device.update.{name}.attention": attention_kind(model.attention, "forest"),
+                           f"device.update.{name}.attention_rows": attention_kind(model.attention, "rows")}
     for layout in ("rows", "tree_long"):
         plan = plan_batches(arch, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,
                             max_batch_tokens=lc.max_batch_tokens, layout=layout)
@@ -341,6 +367,7 @@ def run(quick: bool = False, log=print) -> dict[str, Any]:
         model = Qwen3(PRESETS[name], dtype=sizes.dtype, rngs=nnx.Rngs(0))
         figures.update(update_figures(name, model, sizes, peak, log))
         figures.update(forest_times(name, model.config, sizes, log))
+        figures.update(rows_times(name, model.config, sizes, log))
         figures.update(sampler_figures(name, model, sizes, peak, bandwidth, log))
         log(f"{name}: {time.perf_counter() - t0:.0f} s")
         del model

@@ -628,7 +628,7 @@ def _attend_dense_cached(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Ar
 MaskFn = Callable[[int, int, int], "jax.Array | None"]
 
 
-def _dpa_implementation(q: jax.Array, s: int, masked: bool) -> str:
+def fused_implementation(q: jax.Array, s: int, masked: bool) -> str:
     """``cudnn`` where cuDNN flash attention applies (GPU, bf16/fp16, head_dim a multiple of 8 and <= 128;
     with a mask, which it takes as a bias, even query and key lengths), else ``xla``."""
     t, d = q.shape[1], q.shape[-1]
@@ -648,7 +648,7 @@ def _dpa(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, causa
                                         implementation=implementation)
 
 
-def _attend_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: MaskFn, causal: bool = False,
+def attend_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: MaskFn, causal: bool = False,
                   kv_lengths: jax.Array | None = None) -> jax.Array:
     """``attend`` through ``jax.nn.dot_product_attention`` (``model.attention`` kind ``fused``).
 
@@ -656,14 +656,14 @@ def _attend_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: MaskFn, cau
     ``mask_fn(lo, hi, s)``: the bool mask [B, hi - lo | 1, s] of query rows [lo, hi) over keys [0, s), or
     None; ``causal`` (S == T): key j <= query i besides; ``kv_lengths`` int32 [B]: row b reads keys
     < kv_lengths[b] only (cuDNN skips the rest; XLA masks it). On GPU with bf16/fp16 this is one cuDNN flash
-    attention call (``_dpa_implementation``; a shape cuDNN refuses falls back to XLA's implementation).
+    attention call (``fused_implementation``; a shape cuDNN refuses falls back to XLA's implementation).
     XLA's implementation holds [T, S] scores per head, so rows longer than ``ATTN_Q_BLOCK`` run it in
     rematerialized query blocks (causal: each block against the keys up to its last row), as ``attend``.
     """
     t, s = q.shape[1], k.shape[1]
     if causal and s != t:
-        raise ValueError(f"_attend_fused: causal needs as many keys as queries, got {s} and {t}")
-    impl = _dpa_implementation(q, s, mask_fn(0, 1, s) is not None)
+        raise ValueError(f"attend_fused: causal needs as many keys as queries, got {s} and {t}")
+    impl = fused_implementation(q, s, mask_fn(0, 1, s) is not None)
     if impl == "cudnn":
         try:
             return _dpa(q, k, v, mask_fn(0, t, s), causal, kv_lengths, "cudnn")
@@ -690,7 +690,7 @@ def _attend_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask_fn: MaskFn, cau
 
 def _attend_cached_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
                          slots: jax.Array) -> jax.Array:
-    """Attention against a cache window (k, v [B, S, KVH, D]) through ``_attend_fused``: row b reads slots
+    """Attention against a cache window (k, v [B, S, KVH, D]) through ``attend_fused``: row b reads slots
     up to its last query's (``slots`` [B, T]: each query's own slot), so decode reads each row's used length
     rather than the whole window where the implementation can skip (cuDNN); one query per row needs no other
     mask, several (prefill) keep ``mask`` [B, T, S] for the slots between."""
@@ -700,7 +700,7 @@ def _attend_cached_fused(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Arr
     def window_mask(lo: int, hi: int, keys: int) -> jax.Array | None:
         return None if q.shape[1] == 1 else mask[:, lo:hi, :keys]
 
-    return _attend_fused(q, k, v, window_mask, kv_lengths=lengths)
+    return attend_fused(q, k, v, window_mask, kv_lengths=lengths)
 
 
 _ACT = ("batch", "seq", "act_embed")
@@ -770,7 +770,7 @@ def attention_kind(attention: str, path: str) -> str:
     ``tree_exit``: ``packed``, ``tree``, ``tree_long``), ``cache`` (``hidden_cached``: prefill and decode).
     Kinds: ``xla`` — the einsum blocks (``attend`` / ``attend_tree``); ``pallas`` — the forest flash-attention
     kernel of retrojax.kernels (interpret mode on CPU); ``fused`` — ``jax.nn.dot_product_attention``
-    (``_attend_fused``: cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere), the
+    (``attend_fused``: cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere), the
     mask of a forest given to it densely. Settings: ``xla`` and ``fused`` run their kind everywhere;
     ``pallas`` runs the kernel for rows and forests and ``fused`` for the cache (there is no cache kernel);
     ``auto`` is ``xla`` on CPU and, on GPU/TPU, ``fused`` for rows and the cache and the kernel for forests
@@ -899,7 +899,7 @@ class Qwen3(nnx.Module):
             if kind == "pallas":
                 attn = _forest_kernel(q, k, v, exits)
             elif kind == "fused":
-                attn = _attend_fused(q, k, v, key_mask, causal=True)
+                attn = attend_fused(q, k, v, key_mask, causal=True)
             else:
                 attn = attend(q, k, v, mask, causal=True)
             return _finish_block(p, h, attn, c), None
@@ -929,7 +929,7 @@ class Qwen3(nnx.Module):
             if kind == "pallas":
                 return _forest_kernel(q, k, v, tree_exit)
             if kind == "fused":
-                return _attend_fused(q, k, v, forest_mask, causal=True)
+                return attend_fused(q, k, v, forest_mask, causal=True)
             return attend_tree(q, k, v, tree_exit)
 
         def body(h, p):
