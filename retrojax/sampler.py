@@ -248,12 +248,26 @@ class Sampler:
         if self.paged is not None:
             self.paged.forget_prefixes()
 
+    def release_weights(self) -> None:
+        """Let go of the weights and the per-layer copies (a learner update is about to replace them), so
+        the update does not hold them beside its own; rows and the cache stay. ``update_model`` brings
+        weights back; sampling before it raises :class:`SamplerError`."""
+        self._state = None
+        self._layers = None
+
+    def _weights(self) -> Any:
+        if self._state is None:
+            raise SamplerError("the sampler's weights were released (release_weights); call update_model "
+                               "with the new model first")
+        return self._state
+
     # --- public: device work ------------------------------------------------------------------------
     def append(self, rows: Sequence[int], token_chunks: Sequence[Sequence[int]]) -> None:
         """Append ``token_chunks[i]`` to row ``rows[i]``'s conversation (prefill), all rows together.
 
         Raises :class:`CacheOverflowError` (writing nothing) if a row would exceed ``max_len``.
         """
+        self._weights()  # released weights: an error before any row changes
         rows = self.book.row_list(rows)
         if isinstance(token_chunks, (str, bytes)) or len(token_chunks) != len(rows):
             raise SamplerError(f"append needs one token chunk per row: {len(rows)} rows")
@@ -302,6 +316,7 @@ class Sampler:
 
     def next_logits(self, rows: Sequence[int]) -> np.ndarray:
         """Float32 logits [len(rows), V] of the next token of each listed row (rows must be non-empty)."""
+        self._weights()
         rows = self._nonempty_rows(rows, "next_logits")
         if not rows:
             return np.zeros((0, self.config.vocab_size), np.float32)
@@ -325,7 +340,7 @@ class Sampler:
             pos[r] = self.book.length[r] - 1
             tok[r] = self.book.tokens[r, pos[r]]
         window = self._window(int(pos[rows].max()) + 1)
-        logits, self.cache = _next_logits(self._graphdef, self._state, self.cache, jnp.asarray(tok),
+        logits, self.cache = _next_logits(self._graphdef, self._weights(), self.cache, jnp.asarray(tok),
                                           jnp.asarray(pos), self._pages(window), window=window)
         return np.asarray(logits)
 
@@ -350,6 +365,7 @@ class Sampler:
         ``temperature == 0``; otherwise ``key`` (a ``jax.random`` key) is required, and the same key and
         inputs give the same tokens. Returns one :class:`Generation` per listed row, in order.
         """
+        self._weights()
         rows = self._nonempty_rows(rows, "generate")
         limits = self._check_limits(max_new_tokens, len(rows))
         knobs = [self._check_knobs(t, p, k) for t, p, k in zip(
@@ -546,7 +562,7 @@ class Sampler:
     # --- device calls (a subclass may run them on a subset of the rows, e.g. retrojax.serve.batching) ----
     def _run_prefill(self, ids: np.ndarray, write_start: np.ndarray, window: int) -> None:
         """Prefill ``ids`` [rows, width] at ``write_start`` [rows] (``max_len``: row untouched)."""
-        self.cache = _prefill(self._graphdef, self._state, self.cache, jnp.asarray(ids),
+        self.cache = _prefill(self._graphdef, self._weights(), self.cache, jnp.asarray(ids),
                               jnp.asarray(write_start), self._pages(window), window=window)
 
     def _run_decode(self, per_row: dict[str, np.ndarray], stop_ids: np.ndarray, table: jax.Array,
@@ -556,9 +572,9 @@ class Sampler:
         [rows, out_len], count, why [rows] and the number of steps run."""
         a = {k: jnp.asarray(v) for k, v in per_row.items()}
         self.cache, out_ids, out_lp, count, why, steps = _decode(
-            self._graphdef, self._state, self._layer_weights(), self.cache, a["tok"], a["pos"], a["limit"],
-            jnp.asarray(stop_ids), table, table_lens, a["applies"], a["temperature"], a["top_p"], a["top_k"],
-            key, self._pages(window), out_len=out_len, window=window)
+            self._graphdef, self._weights(), self._layer_weights(), self.cache, a["tok"], a["pos"],
+            a["limit"], jnp.asarray(stop_ids), table, table_lens, a["applies"], a["temperature"], a["top_p"],
+            a["top_k"], key, self._pages(window), out_len=out_len, window=window)
         return (*(np.asarray(x) for x in (out_ids, out_lp, count, why)), steps)
 
     # --- host-side functions --------------------------------------------------------------------------
@@ -645,7 +661,7 @@ class Sampler:
         if not self.layer_copies:
             return None
         if self._layers is None:
-            self._layers = _slice_layers(self._graphdef, self._state)
+            self._layers = _slice_layers(self._graphdef, self._weights())
         return self._layers
 
     def _stop_string_tables(self, stop_strings: tuple[str, ...]) -> tuple[jax.Array, jax.Array]:

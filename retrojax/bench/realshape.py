@@ -273,6 +273,9 @@ class GroupCollect:
         archive.extend(oracle)
         return archive, metrics
 
+    def release(self) -> None:
+        self.model_collect.release()
+
     def close(self) -> None:
         self.model_collect.close()
 

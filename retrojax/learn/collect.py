@@ -82,6 +82,14 @@ class RunnerCollect:
         archive = self.runner.run(specs)
         return archive, _flatten(summarize(archive.trials))
 
+    def release(self) -> None:
+        """Drop the policy's weights and its sampler's (the learner update that follows replaces them and
+        should not hold them beside its own); the next call brings the new ones."""
+        if self.policy is not None:
+            self.policy.model = None
+            if self.policy.sampler is not None:
+                self.policy.sampler.release_weights()
+
     def close(self) -> None:
         self.env.close()
 

@@ -55,7 +55,8 @@ class Collect(Protocol):
 
     ``tasks`` lists task indices of the training split, one group of ``trial.trials_per_task`` trials each;
     ``seeds`` gives one seed per task. Every random choice of the collection must follow from the seeds
-    (that is what makes ``resume`` exact).
+    (that is what makes ``resume`` exact). A collector with a ``release()`` method has it called after each
+    collection, before the update: it lets go of the weights it sampled with (``RunnerCollect.release``).
     """
 
     def __call__(self, model: Any, tasks: Sequence[int], seeds: Sequence[int]) -> tuple[Archive, dict]: ...
@@ -326,6 +327,9 @@ class Trainer:
 
             tasks, seeds = task_share(tasks, seeds, jax.process_index(), jax.process_count())
         archive, rollout = self.collect(self.model(), tasks, seeds)
+        release = getattr(self.collect, "release", None)
+        if release is not None:  # the sampler's weights are stale after the update: not held beside it
+            release()
         t1 = time.perf_counter()
         adv = advantages_from_config(archive, self.learn)
         rng = np.random.default_rng([self.cfg.run.seed, self.iteration])
