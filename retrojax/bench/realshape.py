@@ -121,17 +121,6 @@ def live_array_bytes() -> float:
     return float(sum(a.nbytes for a in jax.live_arrays()))
 
 
-def available_memory_gb() -> float | None:
-    """The host memory free for a new allocation now (MemAvailable, GB); None where /proc is missing."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024 / 1e9
-    except OSError:
-        pass
-    return None
-
-
 class Phases:
     """Consecutive named phases: ``switch(name)`` ends the running one (if any) and starts ``name``."""
 
@@ -381,8 +370,8 @@ def run(quick: bool = False, log=print, work_dir: str | Path | None = None) -> d
         with phases.phase("setup"):
             write_random_checkpoint(config, work / "random", dtype)
             cfg = run_config(work / "random", qwen3_tokenizer_dir(), work / "run")
-            budget_gb = available_memory_gb()  # what a shared machine has free now, not its total
-            cfg, admission, remat = plan_run(cfg, None if budget_gb is None else f"{budget_gb:.1f}GB")
+            # planned for this host as `retrojax train` plans it: the memory free now, XLA:CPU's programs
+            cfg, admission, remat = plan_run(cfg, None)
             model = build_model(cfg, remat)
             tokenizer = build_tokenizer(cfg)
         n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(split_params(model)[2]))

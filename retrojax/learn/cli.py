@@ -56,6 +56,8 @@ def plan_run(cfg: Any, device_memory: str | None = None) -> tuple[Any, Any, bool
     fit; an explicit value that does not fit raises ``DoesNotFit``) and ``learn.remat`` (auto: on when the
     update would not fit without it). Returns (the config with max_inflight resolved, the admission,
     remat)."""
+    import jax
+
     from retrojax.plan.admission import admit_train, check_certain, device_budget, resolve, summary
     from retrojax.plan.runtime import resolve_remat
 
@@ -63,7 +65,10 @@ def plan_run(cfg: Any, device_memory: str | None = None) -> tuple[Any, Any, bool
     budget = device_budget(device_memory)
     check_certain(cfg, budget)  # hopeless sizes stop here, before any compile-only plan
     remat = resolve_remat(cfg, log=log, budget=budget)
-    admission = admit_train(cfg, budget, remat, log=log)
+    # a run on this CPU is planned with XLA:CPU's own programs (bf16 upcasts included); --device-memory on
+    # a CPU host plans for an accelerator, whose bf16 the float16 stand-in models
+    here = device_memory is None and jax.default_backend() == "cpu"
+    admission = admit_train(cfg, budget, remat, log=log, standin=False if here else None)
     log(summary(admission))
     return resolve(cfg, admission), admission, remat
 

@@ -41,7 +41,9 @@ class PoolDoesNotFit(DoesNotFit):
 
 
 def device_memory_bytes() -> float | None:
-    """The first device's memory limit (GPU/TPU ``memory_stats``), or the host's RAM for CPU devices."""
+    """The first device's memory limit (GPU/TPU ``memory_stats``), or for CPU devices the host memory free
+    now (``MemAvailable``: a CPU "device" shares its RAM with this process's runtime and every other
+    process, so its total would overstate what a run can take)."""
     import jax
 
     stats = None
@@ -54,7 +56,7 @@ def device_memory_bytes() -> float | None:
     try:
         import psutil
 
-        return float(psutil.virtual_memory().total)
+        return float(psutil.virtual_memory().available)
     except ImportError:
         return None
 
@@ -303,9 +305,12 @@ def check_certain(cfg: Any, budget: float) -> None:
                          f"{budget / GB:.1f} GB device. {_train_hint(cfg)}")
 
 
-def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None) -> Admission:
+def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None,
+                standin: bool | None = None) -> Admission:
     """Rows for ``retrojax train`` (``remat``: the resolved ``learn.remat``): the closed-form bound when it
-    admits every row of an update (or an explicit count), else the compile-only plan's figures."""
+    admits every row of an update (or an explicit count), else the compile-only plan's figures.
+    ``standin`` (:func:`retrojax.plan.memory.plan_memory`): False when the run executes on this CPU, so
+    the plan counts what XLA:CPU holds (its float32 upcasts of bfloat16 operands included)."""
     kv = KVShape.of(cfg)
     wanted = cfg.learn.tasks_per_update * cfg.trial.trials_per_task
     resident = train_resident_bytes(cfg, remat)
@@ -330,7 +335,7 @@ def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None) -
     rows = wanted if requested == "auto" or not requested else int(requested)
     planned = dataclasses.replace(cfg, sampler=dataclasses.replace(cfg.sampler, max_inflight=rows),
                                   learn=dataclasses.replace(cfg.learn, remat=remat))
-    figures = plan_memory(planned, budget, log=log or (lambda _: None), compare=False)
+    figures = plan_memory(planned, budget, log=log or (lambda _: None), compare=False, standin=standin)
     fit = min(int(figures["plan.max_inflight_fit"]), ROW_CAP)
     figures.update({"plan.job": "train", "plan.method": "compile",
                     "plan.max_inflight_setting": str(requested)})
