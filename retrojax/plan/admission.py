@@ -1,8 +1,8 @@
 """Admission: every entry point plans before it allocates (``sampler.max_inflight: auto`` and the fit check).
 
 ``train``, ``eval``, ``rir`` and ``serve`` call :func:`admit_run` / :func:`admit_rows` first. They take the
-device's memory (what JAX reports for GPU/TPU, the host's RAM on CPU, or ``--device-memory 80GB`` to plan for
-another device) and:
+device's memory (what JAX reports for GPU/TPU, the host memory free now on CPU, or ``--device-memory 80GB``
+to plan for another device) and:
 
 - ``sampler.max_inflight: auto`` becomes the most sampler rows that fit beside what the run keeps resident
   (weights, the learner's float32 masters, AdamW moments, gradients, the KL reference, the sampler's per-layer
