@@ -11,8 +11,10 @@ from retrojax.config import load
 from retrojax.learn import sft
 from retrojax.learn.warm_start import demo_protocols, demo_task_count, run_demonstrations, special_ids
 
-# packed demonstrations of the fixture below are at most 1,695 tokens: every example fits, at half a 4096 step
-SEQ_LEN = 2048
+# packed demonstrations of the fixture below are at most 1,695 tokens; 1,024 keeps the first calls of every
+# trial (the longer chains are dropped, as sft.seq_len does in the configs) at half the cost of each step
+SEQ_LEN = 1024
+ALL_FIT = 2048  # where a test reads every taught call in the packed examples (packing only: no step compiles)
 # The SFT runs below step at this one length (learn.seq_buckets) in token-tree rows: each SFT run compiles its
 # step for every (rows, length) its batches take, and these tests check the stop rule, the schedule and the
 # layouts, not the bucketing (tests/test_sft.py covers bucket_for and default_buckets)
@@ -216,7 +218,7 @@ def test_warm_start_weights_the_decisions_of_the_taught_calls(demos, monkeypatch
     real_pack = sft.pack_calls
     monkeypatch.setattr(sft, "pack_calls", pack_and_stop)
     tok = ByteChatTokenizer()
-    cfg = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": SEQ_LEN, "decision_weight": 5.0})
+    cfg = replace(cfg, sft={"steps": 1, "batch_size": 2, "seq_len": ALL_FIT, "decision_weight": 5.0})
     with pytest.raises(Packed):
         warm_start(cfg, _tiny_model(), archive, tok, progress=False)
     (examples, _), = packed
