@@ -25,27 +25,19 @@ def lora_figures(quick: bool = False, log=print, rank: int = 16) -> dict[str, fl
     """One update, full vs LoRA rank ``rank``, on the largest microbatch of a synthetic archive."""
     from flax import nnx
 
-    from retrojax.config import LearnConfig
+    from retrojax.bench.update import overhead_setup
     from retrojax.learn.advantages import advantages_from_config
     from retrojax.learn.batch import plan_batches
-    from retrojax.learn.synthetic import synthetic_archive
     from retrojax.learn.update import make_update
-    from retrojax.model import PRESETS, Qwen3
+    from retrojax.model import Qwen3
     from retrojax.model.lora import apply_lora, trainable_fraction
 
-    preset = "tiny" if quick else "demo"
-    config = PRESETS[preset]
-    sizes = (dict(tasks=2, trials=4, prompt_len=96, turn_len=24, output_len=24) if quick
-             else dict(tasks=4, trials=8, prompt_len=256, turn_len=48, output_len=48))
-    cfg = LearnConfig(seq_buckets=(256, 512, 1024), max_batch_tokens=8192 if quick else 16384,
-                      logprob_chunk=256, learning_rate=1e-5)
-    arch = synthetic_archive(np.random.default_rng(0), vocab=config.vocab_size, segments=2, decisions=3,
-                             **sizes)
+    preset, config, cfg, arch = overhead_setup(quick)  # the archive and model of ``bench update``'s overhead
     plan = plan_batches(arch, advantages_from_config(arch, cfg), lambda_ref=cfg.lambda_ref,
                         seq_buckets=cfg.seq_buckets, max_batch_tokens=cfg.max_batch_tokens)
     mb = max(plan.microbatches, key=lambda m: int(np.prod(m.shape)))
     batch = {k: jax.numpy.asarray(v) for k, v in mb.arrays.items()}
-    repeats = 3 if quick else 5
+    repeats = 1 if quick else 5
     out: dict[str, float] = {}
     for route in ("full", "lora"):
         model = Qwen3(config, rngs=nnx.Rngs(0))

@@ -36,8 +36,9 @@ threads, which a shared machine disturbs less than wall time) and
 for the small demo model on CPU, the speedup follows this ratio). ``sft.*``:
 the same for SFT steps (``sft.batch_size`` examples each) on the demo's demonstrations. Figures go to stdout
 (``key: value``) and, with ``--json PATH``, to a JSON file under the same keys. ``--quick`` (smoke test): the
-tiny model (over the demo tokenizer's vocabulary for the layouts), smaller archives and fewer SFT steps; the
-same keys.
+tiny model's shape over the demo tokenizer's vocabulary, smaller archives (demo trials of 2 calls) whose
+microbatches are all one row of one 512-token bucket (so archives and layouts share their programs), one timed
+run instead of a median, 2 SFT steps of 2 examples; the same keys.
 """
 
 from __future__ import annotations
@@ -58,23 +59,47 @@ from retrojax.learn.batch import plan_batches
 from retrojax.learn.synthetic import synthetic_archive
 from retrojax.learn.update import make_update
 
+# --quick: every microbatch of every archive is one row of one bucket, so the runs share their (1, 512)
+# programs (through the compile cache) instead of compiling one per archive and layout
+QUICK_BUCKETS, QUICK_BATCH_TOKENS = (512,), 512
+
+
+def quick_model_config() -> Any:
+    """--quick's model: the tiny model's shape over the demo tokenizer's vocabulary (the same programs, fewer
+    FLOPs), for the overhead, LoRA and layout figures alike."""
+    from retrojax.model import PRESETS
+
+    return dataclasses.replace(PRESETS["tiny"], vocab_size=PRESETS["demo"].vocab_size)
+
+
+def overhead_setup(quick: bool) -> tuple[str, Any, LearnConfig, Any]:
+    """(preset, model config, learn config, synthetic archive) of the overhead and LoRA figures."""
+    from retrojax.model import PRESETS
+
+    if quick:
+        cfg = LearnConfig(seq_buckets=QUICK_BUCKETS, max_batch_tokens=QUICK_BATCH_TOKENS, logprob_chunk=256,
+                          learning_rate=1e-5)
+        config = quick_model_config()
+        sizes = dict(tasks=2, trials=2, prompt_len=24, turn_len=8, output_len=8)
+    else:
+        cfg = LearnConfig(seq_buckets=(256, 512, 1024), max_batch_tokens=16384, logprob_chunk=256,
+                          learning_rate=1e-5)
+        config = PRESETS["demo"]
+        sizes = dict(tasks=4, trials=8, prompt_len=256, turn_len=48, output_len=48)
+    arch = synthetic_archive(np.random.default_rng(0), vocab=config.vocab_size, segments=2, decisions=3,
+                             **sizes)
+    return ("tiny" if quick else "demo"), config, cfg, arch
+
 
 def run(quick: bool = False, log=print) -> dict[str, float]:
     from flax import nnx
 
-    from retrojax.model import PRESETS, Qwen3
+    from retrojax.model import Qwen3
 
-    preset = "tiny" if quick else "demo"
-    config = PRESETS[preset]
-    sizes = (dict(tasks=2, trials=4, prompt_len=96, turn_len=24, output_len=24) if quick
-             else dict(tasks=4, trials=8, prompt_len=256, turn_len=48, output_len=48))
-    cfg = LearnConfig(seq_buckets=(256, 512, 1024), max_batch_tokens=8192 if quick else 16384,
-                      logprob_chunk=256, learning_rate=1e-5)
-    arch = synthetic_archive(np.random.default_rng(0), vocab=config.vocab_size, segments=2, decisions=3,
-                             **sizes)
+    preset, config, cfg, arch = overhead_setup(quick)
     adv = advantages_from_config(arch, cfg)
     model = Qwen3(config, rngs=nnx.Rngs(0))
-    repeats = 3 if quick else 5
+    repeats = 1 if quick else 5
     figures = {}
     for layout in dict.fromkeys((cfg.layout, "rows", "tree_long")):  # the default layout's first
         plan = plan_batches(arch, adv, lambda_ref=cfg.lambda_ref, seq_buckets=cfg.seq_buckets,
@@ -149,7 +174,7 @@ def demo_data(quick: bool, log=print) -> dict[str, Any]:
     from retrojax.model.tokenizer import train_sentencepiece
 
     sets = (["sft.num_recovery_episodes=4", "learn.tasks_per_update=1", "trial.trials_per_task=4",
-             "trial.max_calls=4"] if quick else [])
+             "trial.max_calls=2", "sft.seq_len=256", "sft.batch_size=2"] if quick else [])
     cfg = load("configs/demo.yaml", sets)
     env = make_env(cfg, f"{cfg.env.split}:train")
     try:
@@ -170,7 +195,7 @@ def demo_data(quick: bool, log=print) -> dict[str, Any]:
 
 def paper_archive(quick: bool, vocab: int) -> Any:
     """8 trials × 30 execution calls (3 segments of 10, rewinds + reflections between), ~200-token turns."""
-    sizes = (dict(tasks=1, trials=2, segments=2, decisions=3, prompt_len=128, turn_len=32, output_len=32)
+    sizes = (dict(tasks=1, trials=2, segments=2, decisions=3, prompt_len=48, turn_len=16, output_len=16)
              if quick else dict(tasks=1, trials=8, segments=3, decisions=10, prompt_len=1024, turn_len=150,
                                 output_len=100))
     return synthetic_archive(np.random.default_rng(7), vocab=vocab, **sizes)
@@ -324,20 +349,20 @@ def layout_figures(quick: bool = False, log=print) -> dict[str, float]:
 
     from retrojax.model import PRESETS, Qwen3
 
-    config = PRESETS["demo"]
-    if quick:  # the tiny model's shape over the demo tokenizer's vocabulary: the same programs, fewer FLOPs
-        config = dataclasses.replace(PRESETS["tiny"], vocab_size=config.vocab_size)
+    config = quick_model_config() if quick else PRESETS["demo"]
     model = Qwen3(config, rngs=nnx.Rngs(0))
     data = demo_data(quick, log)
     dc = data["cfg"].learn
-    demo_cfg = LearnConfig(seq_buckets=tuple(dc.seq_buckets), max_batch_tokens=dc.max_batch_tokens,
+    demo_cfg = LearnConfig(seq_buckets=QUICK_BUCKETS if quick else tuple(dc.seq_buckets),
+                           max_batch_tokens=QUICK_BATCH_TOKENS if quick else dc.max_batch_tokens,
                            logprob_chunk=dc.logprob_chunk, learning_rate=1e-5, lambda_ref=dc.lambda_ref)
     behaviour_logprobs(data["archive"], config.vocab_size)
     out = archive_figures("demo", data["archive"], model, demo_cfg, log)
     paper = paper_archive(quick, config.vocab_size)
     behaviour_logprobs(paper, config.vocab_size)
-    paper_cfg = LearnConfig(seq_buckets=(512, 1024) if quick else (1024, 2048, 4096, 8192),
-                            max_batch_tokens=4096 if quick else 16384, logprob_chunk=256, learning_rate=1e-5)
+    paper_cfg = LearnConfig(seq_buckets=QUICK_BUCKETS if quick else (1024, 2048, 4096, 8192),
+                            max_batch_tokens=QUICK_BATCH_TOKENS if quick else 16384, logprob_chunk=256,
+                            learning_rate=1e-5)
     out.update(archive_figures("paper", paper, model, paper_cfg, log))
     out.update(sft_figures(data, model, 2 if quick else 20, log))
     return out
