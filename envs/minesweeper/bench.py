@@ -25,15 +25,16 @@ from envs.minesweeper.rules import step
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
+QUICK_TURNS = 4  # --quick: a smoke test of the code path at every batch size, not a figure
 JUMANJI_NOTE = (
     "note: Jumanji's Minesweeper reveals only the chosen cell (no cascade) and ends an episode on an "
     "invalid action; ours opens the full cascade on every reveal."
 )
 
 
-def _cells(batch: int, h: int, w: int) -> jax.Array:
-    """int32[TURNS, batch, 2] uniformly random cells (the same for every environment at one batch size)."""
-    return jax.random.randint(jax.random.key(batch), (TURNS, batch, 2), 0, jnp.array([h, w]), jnp.int32)
+def _cells(batch: int, h: int, w: int, turns: int = TURNS) -> jax.Array:
+    """int32[turns, batch, 2] uniformly random cells (the same for every environment at one batch size)."""
+    return jax.random.randint(jax.random.key(batch), (turns, batch, 2), 0, jnp.array([h, w]), jnp.int32)
 
 
 def _bank(quick: bool) -> BoardBank:
@@ -64,12 +65,14 @@ def _steps_per_s(quick: bool) -> dict[str, float]:
     h, w = bank.shape
     run = resetting_rollout(step, lambda s, o: (o.reward, o.won | o.lost))
     theirs = _jumanji_rollouts()
+    turns = QUICK_TURNS if quick else TURNS
     out = {}
     for b in BATCHES:
         start = init_batch(bank, np.arange(b) % len(bank))
-        fns = [lambda start=start, cells=_cells(b, h, w): run(start, cells)] + ([theirs[b]] if theirs else [])
-        secs = paired_best(fns, 2 if quick else 10)
-        out[f"minesweeper.steps_per_s.{b}"] = b * TURNS / secs[0]
+        cells = _cells(b, h, w, turns)
+        fns = [lambda start=start, cells=cells: run(start, cells)] + ([theirs[b]] if theirs else [])
+        secs = paired_best(fns, 1 if quick else 10)
+        out[f"minesweeper.steps_per_s.{b}"] = b * turns / secs[0]
         if theirs:
             out[f"jumanji.minesweeper.steps_per_s.{b}"] = b * TURNS / secs[1]
     return out
@@ -98,7 +101,7 @@ def _rewind(quick: bool) -> dict[str, float]:
     cells = lambda key: jax.random.randint(key, (trials, 2), 0, jnp.array([h, w]), jnp.int32)
     objs = [NumpyMineSweeper(bank.mines[i % len(bank)], tuple(bank.first_click[i % len(bank)]))
             for i in range(trials)]
-    rounds, calls = (2, 5) if quick else (10, 20)
+    rounds, calls = (1, 2) if quick else (10, 20)
     ours, deepcopy = rewind_vs_deepcopy(states, step, cells, capacity, objs, rounds, calls)
     return {"minesweeper.rewind_us_per_trial": ours, "minesweeper.deepcopy_rewind_us_per_trial": deepcopy}
 
@@ -114,5 +117,6 @@ def _generate_speed(quick: bool) -> dict[str, float]:
 
 def measure(quick: bool = False) -> dict[str, float]:
     """``minesweeper.*`` figures (steps/s at B ∈ {1, 64, 1024, 4096}, rewind vs deepcopy, generation) and
-    the Jumanji anchor ``jumanji.minesweeper.steps_per_s.*``."""
+    the Jumanji anchor ``jumanji.minesweeper.steps_per_s.*`` (``quick``: a small generated bank,
+    ``QUICK_TURNS`` turns per rollout and one repetition)."""
     return {**_steps_per_s(quick), **_rewind(quick), **_generate_speed(quick)}

@@ -28,6 +28,7 @@ from envs.benchkit import paired_best, resetting_rollout, rewind_vs_deepcopy
 
 BATCHES = (1, 64, 1024, 4096)
 TURNS = 100
+QUICK_TURNS = 4  # --quick: a smoke test of the code path at every batch size, not a figure
 MOVES_PER_TURN = 3
 REWIND_TRIALS = 1024
 REWIND_CAPACITY = 21
@@ -41,10 +42,10 @@ def _bank(quick: bool) -> sk.LevelBank:
     return sk.generate(3, 16) if quick else sk.load_split("sokoban-6x6-2:train")
 
 
-def _our_rollout(bank: sk.LevelBank, b: int) -> Callable[[], object]:
+def _our_rollout(bank: sk.LevelBank, b: int, turns: int = TURNS) -> Callable[[], object]:
     run = resetting_rollout(sk.step, lambda s, o: (o.reward, o.solved | o.dead))
     start = sk.init_batch(bank, jnp.arange(b) % len(bank))
-    moves = jax.random.randint(jax.random.key(b), (TURNS, b, MOVES_PER_TURN), 1, 5, jnp.int32)
+    moves = jax.random.randint(jax.random.key(b), (turns, b, MOVES_PER_TURN), 1, 5, jnp.int32)
     return lambda: run(start, moves)
 
 
@@ -71,14 +72,15 @@ def _jumanji_rollouts() -> dict[int, Callable[[], object]] | None:
 def _steps_per_s(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
     """``sokoban.steps_per_s.B`` and, with jumanji installed, ``jumanji.sokoban.steps_per_s.B``."""
     theirs = _jumanji_rollouts()
-    moves = TURNS * MOVES_PER_TURN
+    turns = QUICK_TURNS if quick else TURNS
+    moves = turns * MOVES_PER_TURN
     out = {}
     for b in BATCHES:
-        fns = [_our_rollout(bank, b)] + ([theirs[b]] if theirs else [])
-        secs = paired_best(fns, 2 if quick else 10)
+        fns = [_our_rollout(bank, b, turns)] + ([theirs[b]] if theirs else [])
+        secs = paired_best(fns, 1 if quick else 10)
         out[f"sokoban.steps_per_s.{b}"] = b * moves / secs[0]
         if theirs:
-            out[f"jumanji.sokoban.steps_per_s.{b}"] = b * moves / secs[1]
+            out[f"jumanji.sokoban.steps_per_s.{b}"] = b * TURNS * MOVES_PER_TURN / secs[1]
     return out
 
 
@@ -104,14 +106,14 @@ def _rewind_vs_deepcopy(bank: sk.LevelBank, quick: bool) -> dict[str, float]:
     moves = lambda key: jax.random.randint(key, (REWIND_TRIALS, MOVES_PER_TURN), 1, 5, jnp.int32)
     boards = np.asarray(bank.boards)
     envs = [NumpySokoban(boards[i % len(boards)]) for i in range(REWIND_TRIALS)]
-    rounds, calls = (2, 5) if quick else (10, 20)
+    rounds, calls = (1, 2) if quick else (10, 20)
     ours, deepcopy = rewind_vs_deepcopy(states, sk.step, moves, REWIND_CAPACITY, envs, rounds, calls)
     return {"sokoban.rewind_us_per_trial": ours, "sokoban.deepcopy_rewind_us_per_trial": deepcopy}
 
 
 def measure(quick: bool = False) -> dict[str, float]:
     """All ``sokoban.*`` figures and the Jumanji anchor ``jumanji.sokoban.steps_per_s.*`` (``quick``: a
-    small generated bank and fewer repetitions)."""
+    small generated bank, ``QUICK_TURNS`` turns per rollout and one repetition)."""
     bank = _bank(quick)
     out = _steps_per_s(bank, quick)
     out.update(_rewind_vs_deepcopy(bank, quick))
