@@ -1,6 +1,7 @@
 """Dense references for the kernels of this package: the same math, written the plain way, for tests.
 
-``forest_attention_reference`` materializes the [B, T, T] mask and scores, so it is for small shapes only.
+``forest_attention_reference`` materializes the [B, T, T] mask and scores, so it is for small shapes only;
+``paged_decode_reference`` gathers every row's whole window of pages.
 """
 
 from __future__ import annotations
@@ -36,3 +37,28 @@ def forest_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, tree_ex
     p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
     out = jnp.einsum("bkgts,bskd->btkgd", p, v.astype(jnp.float32), precision=hi)
     return out.reshape(b, t, n, d).astype(q.dtype)
+
+
+def paged_decode_reference(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, tables: jax.Array,
+                           lengths: jax.Array, layer: int = 0) -> jax.Array:
+    """One query per row against its gathered pages, float32 softmax, full precision products.
+
+    q [B, N, D]; k_pages [L, P, KVH, D, ps], v_pages [L, P, KVH, ps, D] (or one layer's, without L); tables
+    int32 [B, W]; row b sees slots < lengths[b] of its window (slot s: page tables[b, s // ps], offset
+    s % ps). A row of length 0 gets zeros. Returns [B, N, D] in q's dtype.
+    """
+    if k_pages.ndim == 5:
+        k_pages, v_pages = k_pages[layer], v_pages[layer]
+    b, n, d = q.shape
+    _, kvh, _, ps = k_pages.shape
+    w = tables.shape[1]
+    hi = jax.lax.Precision.HIGHEST
+    kt = k_pages[tables].transpose(0, 2, 3, 1, 4).reshape(b, kvh, d, w * ps).astype(jnp.float32)
+    vw = v_pages[tables].transpose(0, 2, 1, 3, 4).reshape(b, kvh, w * ps, d).astype(jnp.float32)
+    mask = jnp.arange(w * ps)[None, None, None, :] < jnp.asarray(lengths)[:, None, None, None]  # [B,1,1,S]
+    qg = q.reshape(b, kvh, n // kvh, d).astype(jnp.float32)
+    s = jnp.einsum("bkgd,bkds->bkgs", qg, kt, precision=hi) * d ** -0.5
+    s = jnp.where(mask, s, NEG)
+    p = jnp.where(mask, jax.nn.softmax(s, axis=-1), 0.0)
+    out = jnp.einsum("bkgs,bksd->bkgd", p, vw, precision=hi)
+    return out.reshape(b, n, d).astype(q.dtype)

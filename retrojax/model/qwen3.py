@@ -3,9 +3,10 @@
 Layers are stacked on a leading axis and run with ``lax.scan`` so compile time does not grow with depth;
 decode loops on CPU instead unroll them over per-layer weight slices taken once (``layer_weights``; see
 ``hidden_cached`` and ``use_layer_copies``). Attention is the einsum blocks of ``attend``/``attend_tree``, the
-Pallas forest kernel or ``jax.nn.dot_product_attention``, as ``model.attention`` says (``attention_kind``).
-Every parameter carries logical axis names (``out_sharding`` metadata) so a checkpoint can be placed on a
-mesh. Norms, softmax and logits are computed in float32 whatever the parameter dtype.
+Pallas kernels (forest attention, paged decode) or ``jax.nn.dot_product_attention``, as ``model.attention``
+says (``attention_kind``). Every parameter carries logical axis names (``out_sharding`` metadata) so a
+checkpoint can be placed on a mesh. Norms, softmax and logits are computed in float32 whatever the parameter
+dtype.
 """
 
 from __future__ import annotations
@@ -597,6 +598,15 @@ def _forest_kernel(q: jax.Array, k: jax.Array, v: jax.Array, tree_exit: jax.Arra
     return forest_attention(q, k, v, tree_exit)
 
 
+def _paged_decode_kernel(q: jax.Array, ck: jax.Array, cv: jax.Array, pages: jax.Array, lengths: jax.Array,
+                         layer: int | jax.Array) -> jax.Array:
+    """Decode attention over the pool's pages as one Pallas kernel (retrojax.kernels.paged_decode; imported
+    on first use): q [B, N, D], the whole layer stack of the pool, row b seeing slots < lengths[b]."""
+    from retrojax.kernels import paged_decode_attention
+
+    return paged_decode_attention(q, ck, cv, pages, lengths, layer=layer)
+
+
 def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     b, t, n, d = q.shape
     kvh = k.shape[2]
@@ -760,21 +770,24 @@ def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: 
 
 
 ATTENTION_CHOICES = ("auto", "xla", "pallas", "fused")  # model.attention
-ATTENTION_PATHS = ("rows", "forest", "cache")
+ATTENTION_PATHS = ("rows", "forest", "cache", "paged_decode")
 
 
 def attention_kind(attention: str, path: str) -> str:
     """What ``model.attention`` runs for ``path`` on the default backend: ``xla`` | ``pallas`` | ``fused``.
 
     Paths: ``rows`` (``Qwen3.hidden`` without ``tree_exit``: the learner's ``rows`` layout), ``forest`` (with
-    ``tree_exit``: ``packed``, ``tree``, ``tree_long``), ``cache`` (``hidden_cached``: prefill and decode).
-    Kinds: ``xla`` — the einsum blocks (``attend`` / ``attend_tree``); ``pallas`` — the forest flash-attention
-    kernel of retrojax.kernels (interpret mode on CPU); ``fused`` — ``jax.nn.dot_product_attention``
-    (``attend_fused``: cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere), the
-    mask of a forest given to it densely. Settings: ``xla`` and ``fused`` run their kind everywhere;
-    ``pallas`` runs the kernel for rows and forests and ``fused`` for the cache (there is no cache kernel);
-    ``auto`` is ``xla`` on CPU and, on GPU/TPU, ``fused`` for rows and the cache and the kernel for forests
-    (it skips the blocks no query of a forest sees, which a dense mask cannot).
+    ``tree_exit``: ``packed``, ``tree``, ``tree_long``), ``cache`` (``hidden_cached``: prefill and decode),
+    ``paged_decode`` (``hidden_cached`` over a page pool, one token per row: decode).
+    Kinds: ``xla`` — the einsum blocks (``attend`` / ``attend_tree``; over pages, the gathered window);
+    ``pallas`` — a Pallas kernel of retrojax.kernels (interpret mode on CPU): the forest flash attention,
+    or for ``paged_decode`` the paged decode kernel, which reads each row's used pages in place; ``fused`` —
+    ``jax.nn.dot_product_attention`` (``attend_fused``: cuDNN flash attention on GPU where it applies, XLA's
+    implementation elsewhere), the mask of a forest given to it densely. Settings: ``xla`` and ``fused`` run
+    their kind everywhere; ``pallas`` runs the kernels for rows, forests and paged decode and ``fused`` for
+    the rest of the cache (prefill, the dense cache); ``auto`` is ``xla`` on CPU and, on GPU/TPU, ``fused``
+    for rows and the cache and the kernels for forests (it skips the blocks no query of a forest sees, which
+    a dense mask cannot) and paged decode (no gathered window).
     """
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"model.attention must be {' | '.join(ATTENTION_CHOICES)}, got {attention!r}")
@@ -783,7 +796,7 @@ def attention_kind(attention: str, path: str) -> str:
     if attention == "auto":
         if jax.default_backend() not in ("gpu", "tpu"):
             return "xla"
-        return "pallas" if path == "forest" else "fused"
+        return "pallas" if path in ("forest", "paged_decode") else "fused"
     if attention == "pallas" and path == "cache":
         return "fused"
     return attention
@@ -980,7 +993,9 @@ class Qwen3(nnx.Module):
         ``pages`` (int32 [B, W]) with a :class:`PagedKVCache`: row b's slot s is offset s % page_size of
         page ``pages[b, s // page_size]``; the row's view is W pages long (``window`` defaults to all of it).
         Writes at slots >= the window are dropped, and each layer attends over the row's gathered pages, laid
-        out as the dense window (the same products, so the same numbers).
+        out as the dense window (the same products, so the same numbers); decode (one token per row) under
+        ``model.attention``'s ``paged_decode`` kind ``pallas`` runs the paged decode kernel instead, which
+        reads each row's used pages in place (no gathered window).
         """
         c = self.config
         h = self._embed(input_ids)
@@ -1061,12 +1076,17 @@ class Qwen3(nnx.Module):
         off = (slots % ps)[..., None]
         heads = jnp.arange(kvh)[None, None]
         fused = attention_kind(self.attention, "cache") == "fused"
+        kernel = t == 1 and attention_kind(self.attention, "paged_decode") == "pallas"
+        lengths = jnp.minimum(slots[:, 0] + 1, s)  # the kernel's rows see slots <= their query's
 
         def block(h, ck, cv, p, i):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
             q, k, v = _qkv(p, x, positions, c)  # k, v: [B, T, KVH, D]
             ck = constrain(ck.at[i, page, heads, :, off].set(k.astype(ck.dtype), mode="drop"), PAGE_K_AXES)
             cv = constrain(cv.at[i, page, heads, off].set(v.astype(cv.dtype), mode="drop"), PAGE_V_AXES)
+            if kernel:  # the whole stack and the layer index: a layer scan copies no slice of the pool
+                attn = _paged_decode_kernel(q[:, 0], ck, cv, pages, lengths, i)[:, None]
+                return _finish_block(p, h, attn, c), ck, cv
             if fused:  # the gathered window as [B, S, KVH, D]
                 kw = ck[i, pages].transpose(0, 1, 4, 2, 3).reshape(b, span, kvh, d)[:, :s]
                 vw = cv[i, pages].transpose(0, 1, 3, 2, 4).reshape(b, span, kvh, d)[:, :s]
