@@ -90,11 +90,11 @@ RECIPES: dict[str, list[str]] = {
     ],
 }
 QUICK = [
-    "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.num_solver_episodes=6",
+    "model.preset=tiny", "sft.steps=2", "sft.batch_size=4", "sft.seq_len=512", "sft.num_solver_episodes=6",
     "sft.num_recovery_episodes=6", "learn.updates=2", "learn.tasks_per_update=1", "trial.trials_per_task=3",
-    "eval.num_tasks=3", "trial.max_calls=6", "sampler.chunk_buckets=[64]", "learn.seq_buckets=[1024]",
+    "eval.num_tasks=3", "trial.max_calls=4", "sampler.chunk_buckets=[64]", "learn.seq_buckets=[512]",
     "sampler.max_inflight=4", "learn.minibatches=1", "learn.epochs=1",
-]
+]  # one 512-token bucket for SFT and the update: fewer, shorter programs to compile
 
 
 def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str = "T@3") -> dict[str, Any]:
