@@ -352,9 +352,9 @@ def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None,
         figures["plan.reason_at_every_row"] = figures.pop("plan.reason")
     figures["plan.fits"] = True
     figures["plan.max_inflight"] = rows
-    # the compiled plan counts dense rows of max_len slots; a paged pool gets the same room (no eviction)
-    figures["plan.kv"] = "paged" if kv.paged else "dense"
-    return Admission(rows, figures, rows * kv.row_pages() + 1 if kv.paged else None)
+    # the compiled plan counted the pool it sized as the bound does (retrojax.plan.memory.kv_pages)
+    pages = figures.get("plan.kv_pages") if kv.paged else None
+    return Admission(rows, figures, None if pages is None else int(pages))
 
 
 def admit_decoding(cfg: Any, budget: float, config: Any = None, job: str = "eval") -> Admission:

@@ -18,6 +18,12 @@ temporaries) + held; the log-prob pass = params + AdamW + its temporaries + held
 + held + max(prefill, decode temporaries). The largest ``sampler.max_inflight`` is extrapolated in rows and
 checked by a second compile; the microbatch token budget is extrapolated in rows.
 
+The KV cache: with ``sampler.kv: paged`` (the default) the pool of pages admission sizes (:func:`kv_pages`:
+``sampler.kv_pages``, or for ``auto`` what admission's bound leaves on the device, at most every row at
+``max_len``), the sampler's programs compiled over the pool and page tables; the pool is held whatever the
+row count, so rows cost only their temporaries (a row that outgrows the pool is evicted and recomputed).
+With ``dense``, ``rows × max_len`` slots, which scale with the rows.
+
 On XLA:CPU a bf16 model is compiled as float16 (same bytes per element): XLA:CPU rewrites bf16 ops to
 float32 and so reports float32 copies of the weights and of the KV cache that no bf16-native accelerator
 makes; the float32 copies it still makes of whole 16-bit weights for its matmuls are subtracted from the
@@ -201,19 +207,64 @@ def plan_update(cfg: Any, shapes: Shapes, mesh: Any, *, remat: bool, lora: Any, 
     return out
 
 
-def sampler_held_bytes(cfg: Any, shapes: Shapes, mesh: Any, lora: Any = None) -> float:
+def kv_pages(cfg: Any, shapes: Shapes, budget: float | None = None, remat: bool = False) -> int | None:
+    """Pages of the sampler's pool as admission sizes it (None: ``sampler.kv: dense``).
+
+    ``sampler.kv_pages`` N: N. ``auto``: what admission's closed-form bound leaves for the pool on a device
+    of ``budget`` bytes beside the run's resident parts (``train_resident_bytes`` with ``remat``) and the
+    rows' decode temporaries (``KVShape.pool``: at least one row at ``max_len`` and the null page, at most
+    every row at ``max_len``); without a budget, every row at ``max_len``."""
+    from retrojax.plan.admission import KVShape, train_resident_bytes
+
+    kv = KVShape(shapes.config, shapes.max_len, shapes.dtype, getattr(cfg.sampler, "kv", "dense") == "paged")
+    if not kv.paged:
+        return None
+    setting = getattr(cfg.sampler, "kv_pages", "auto")
+    if setting != "auto":
+        return int(setting)
+    if budget is None:
+        return shapes.inflight * kv.row_pages() + 1
+    parts, _ = kv.split(train_resident_bytes(cfg, remat))
+    return kv.pool(budget, parts, shapes.inflight)
+
+
+def _abstract_kv(shapes: Shapes, rows: int, pages: int | None, sharding: Any) -> tuple[Any, Any]:
+    """The sampler's cache as abstract arrays and, for a pool of ``pages`` pages, the rows' page tables'
+    shape (rows, pages of max_len); ``sharding``: the plan's cache sharding (kv heads over tp)."""
+    import jax
+    import jax.numpy as jnp
+
+    from retrojax.model.qwen3 import PAGE_K_AXES, PAGE_V_AXES, PagedKVCache, abstract_cache
+    from retrojax.sampling.pages import PAGE_SIZE, pages_for
+
+    if pages is None:
+        return abstract_cache(shapes.config, rows, shapes.max_len, shapes.dtype, sharding), None
+    c, dt = shapes.config, jnp.dtype(shapes.dtype)
+
+    def leaf(shape: tuple[int, ...], axes: tuple[str | None, ...]) -> Any:
+        extra = {} if sharding is None else {"sharding": sharding(shape, axes)}
+        return jax.ShapeDtypeStruct(shape, dt, **extra)
+
+    kvh, d = c.num_key_value_heads, c.head_dim
+    pool = PagedKVCache(k=leaf((c.num_hidden_layers, pages, kvh, d, PAGE_SIZE), PAGE_K_AXES),
+                        v=leaf((c.num_hidden_layers, pages, kvh, PAGE_SIZE, d), PAGE_V_AXES))
+    return pool, (rows, pages_for(shapes.max_len, PAGE_SIZE))
+
+
+def sampler_held_bytes(cfg: Any, shapes: Shapes, mesh: Any, lora: Any = None,
+                       budget: float | None = None) -> float:
     """Per-device bytes the trainer's sampler keeps between rollouts, from shapes alone (no compile): its
-    KV cache, its per-layer decode copies of the weights and, on a mesh, the rollout-profile weights. The
-    trainer's collect keeps the sampler (and these) alive through the update and the log-prob pass."""
-    from retrojax.model.qwen3 import abstract_cache
+    KV cache (a paged pool: :func:`kv_pages` for a device of ``budget`` bytes), its per-layer decode copies
+    of the weights and, on a mesh, the rollout-profile weights. The trainer's collect keeps the sampler (and
+    these) alive through the update and the log-prob pass."""
     from retrojax.parallel.shard import make_plan, param_shapes
 
     model = abstract_model(shapes, False, lora)
     multi = mesh is not None and mesh.devices.size > 1
     plan = make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict) if multi else None
     pure = _with_shardings(param_shapes(model), None if plan is None else plan.rollout_params)
-    cache = abstract_cache(shapes.config, shapes.inflight, shapes.max_len, shapes.dtype,
-                           None if plan is None else plan.cache)
+    cache, _ = _abstract_kv(shapes, shapes.inflight, kv_pages(cfg, shapes, budget), None if plan is None
+                            else plan.cache)
     return float(shard_bytes([cache.k, cache.v]) + shard_bytes(pure["layers"])
                  + (shard_bytes(pure) if multi else 0))
 
@@ -228,10 +279,11 @@ def _layer_sharding(sharding: Any) -> Any:
 
 
 def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | None = None,
-                 net: bool = True) -> dict[str, float]:
+                 net: bool = True, pages: int | None = None) -> dict[str, float]:
     """Per-device bytes of rollouts as the trainer's sampler runs them (compile-only): the weights it holds
     besides the training state (the rollout-profile copy on a mesh, the per-layer decode copies of
-    ``Qwen3.layer_weights``, where ``sampler.layer_copies`` keeps them), the KV cache, and the temporaries
+    ``Qwen3.layer_weights``, where ``sampler.layer_copies`` keeps them), the KV cache (``pages``: a pool of
+    that many pages, every row's page table ``max_len`` long; None: dense rows), and the temporaries
     of its two programs at their largest shapes: a prefill of every row by the largest chunk bucket against
     the whole cache, and the whole-reply decode loop (``sampler._decode``) over the per-layer copies (or,
     without them, a layer scan over the stacked weights).
@@ -242,14 +294,14 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     import jax.numpy as jnp
     from flax import nnx
 
-    from retrojax.model.qwen3 import abstract_cache, use_layer_copies
+    from retrojax.model.qwen3 import use_layer_copies
     from retrojax.parallel.shard import make_plan, param_shapes
     from retrojax.sampler import _decode, _prefill
     from retrojax.sampling.stops import pow2_at_least
 
     model = abstract_model(shapes, False, lora)
     rows = rows or shapes.inflight
-    c, dt, sc = shapes.config, jnp.dtype(shapes.dtype), cfg.sampler
+    c, sc = shapes.config, cfg.sampler
     multi = mesh is not None and mesh.devices.size > 1
     plan = make_plan(model, mesh, cfg.mesh.rules, cfg.mesh.strict) if multi else None
     graphdef, state = nnx.split(model)
@@ -267,14 +319,16 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
     def arg(shape, dtype, sharding=None):
         return jax.ShapeDtypeStruct(shape, dtype, **({} if sharding is None else {"sharding": sharding}))
 
-    cache = abstract_cache(c, rows, shapes.max_len, dt, None if plan is None else plan.cache)
+    cache, table = _abstract_kv(shapes, rows, pages, None if plan is None else plan.cache)
 
     def per_row(shape, dtype):
         return arg(shape, dtype, None if plan is None else plan.batch(shape))
 
+    tables = () if table is None else (per_row(table, jnp.int32),)
+
     width = max([b for b in sc.chunk_buckets if b <= shapes.max_len] or [min(sc.chunk_buckets)])
     prefill = _prefill.lower(graphdef, abstract_state, cache, per_row((rows, width), jnp.int32),
-                             per_row((rows,), jnp.int32), window=shapes.max_len).compile()
+                             per_row((rows,), jnp.int32), *tables, window=shapes.max_len).compile()
     n_strings, vocab = 2, c.vocab_size  # e.g. </action> and </remark>: automaton tables [strings, 16, V]
     out_len = pow2_at_least(max(sc.max_new_tokens, getattr(sc, "max_reflection_tokens", 0)), 16)
     key = jax.eval_shape(lambda: jax.random.key(0))
@@ -282,7 +336,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
         graphdef, abstract_state, layers, cache, per_row((rows,), jnp.int32), per_row((rows,), jnp.int32),
         per_row((rows,), jnp.int32), arg((2,), jnp.int32), arg((n_strings, 16, vocab), jnp.int16),
         arg((n_strings,), jnp.int32), per_row((rows, n_strings), jnp.bool_), per_row((rows,), jnp.float32),
-        per_row((rows,), jnp.float32), per_row((rows,), jnp.int32), key, out_len=out_len,
+        per_row((rows,), jnp.float32), per_row((rows,), jnp.int32), key, *tables, out_len=out_len,
         window=shapes.max_len).compile()
     up_prefill = hoisted_upcasts(prefill.as_text()) if net else 0
     up_decode = hoisted_upcasts(decode.as_text()) if net else 0
@@ -296,6 +350,7 @@ def plan_sampler(cfg: Any, shapes: Shapes, mesh: Any, lora: Any, rows: int | Non
         "rollout_params": float(shard_bytes(pure)) if multi else 0.0,
         "layer_copy": float(shard_bytes(pure["layers"])) if copies else 0.0,
         "rows": float(rows),
+        "pages": float(pages or 0),
     }
 
 
@@ -374,8 +429,14 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
         f"{'' if lora is None else f' rank {lora.rank}'}), microbatch ({shapes.rows}, {shapes.length}), "
         f"sampler {shapes.inflight} rows × {shapes.max_len} slots, mesh "
         f"{'1 device' if mesh is None else dict(mesh.shape)}, device {device_bytes / GB:.1f} GB")
+    pages = kv_pages(cfg, shapes, device_bytes, remat=cfg.learn.remat is True)
+    if pages is not None:
+        from retrojax.sampling.pages import PAGE_SIZE
+
+        log(f"plan: the KV cache is a pool of {pages} pages of {PAGE_SIZE} slots (sampler.kv_pages "
+            f"{getattr(cfg.sampler, 'kv_pages', 'auto')})")
     log("plan: compiling the sampler's prefill and decode")
-    samp = plan_sampler(cfg, cshapes, mesh, lora)
+    samp = plan_sampler(cfg, cshapes, mesh, lora, pages=pages)
     # what the trainer's sampler keeps between rollouts (its KV cache, per-layer decode copies and, on a
     # mesh, the rollout-profile weights): resident through the update and the log-prob pass too
     held = samp["kv"] + samp["layer_copy"] + samp["rollout_params"]
@@ -396,11 +457,13 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
     rollout = resident + held + sampler_temp
     total = max(update, rollout, logprob)
     # the largest sampler.max_inflight: linear in rows from this compile, then checked by compiling there
-    fixed_roll = rollout - samp["kv"] - sampler_temp
-    fixed_upd = max(update, logprob) - samp["kv"]
+    # (a page pool is held whatever the row count: there rows cost only their temporaries)
+    kv_rows = 0.0 if pages is not None else samp["kv"]
+    fixed_roll = rollout - kv_rows - sampler_temp
+    fixed_upd = max(update, logprob) - kv_rows
 
     def rows_that_fit(s: dict[str, float]) -> int:
-        per_kv = s["kv"] / s["rows"]
+        per_kv = 0.0 if pages is not None else s["kv"] / s["rows"]
         return min(_fit_rows(device_bytes, fixed_roll, per_kv + max(s["prefill_temp"], s["decode_temp"])
                              / s["rows"], shards), _fit_rows(device_bytes, fixed_upd, per_kv, shards))
 
@@ -409,9 +472,10 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
         if inflight_fit < shards or inflight_fit == checked["rows"]:
             break
         log(f"plan: checking sampler.max_inflight {inflight_fit}")
-        checked = plan_sampler(cfg, cshapes, mesh, lora, rows=inflight_fit)
-        roll_at = fixed_roll + checked["kv"] + max(checked["prefill_temp"], checked["decode_temp"])
-        if roll_at <= device_bytes and fixed_upd + checked["kv"] <= device_bytes:
+        checked = plan_sampler(cfg, cshapes, mesh, lora, rows=inflight_fit, pages=pages)
+        kv_at = 0.0 if pages is not None else checked["kv"]
+        roll_at = fixed_roll + kv_at + max(checked["prefill_temp"], checked["decode_temp"])
+        if roll_at <= device_bytes and fixed_upd + kv_at <= device_bytes:
             break
         inflight_fit = min(inflight_fit - shards, rows_that_fit(checked))
     per_row_upd = max(upd["act"], upd["opt_step_temp"]) / upd["rows"]
@@ -433,6 +497,7 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
         "plan.update_gb": update / GB,
         "plan.logprob_act_gb": variants[False]["logprob_act"] / GB,
         "plan.logprob_gb": logprob / GB,
+        "plan.kv": "dense" if pages is None else "paged",
         "plan.kv_gb": samp["kv"] / GB,
         "plan.prefill_temp_gb": samp["prefill_temp"] / GB,
         "plan.decode_temp_gb": samp["decode_temp"] / GB,
@@ -445,6 +510,7 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
         "plan.max_inflight": shapes.inflight,
         "plan.max_inflight_fit": inflight_fit,
         "plan.max_batch_tokens_fit": rows_fit * shapes.length,
+        **({} if pages is None else {"plan.kv_pages": pages}),
         "plan.no_remat.act_gb": variants[False]["act"] / GB,
         "plan.no_remat.update_gb": (variants[False]["update"] + held) / GB,
         "plan.remat_on.act_gb": variants[True]["act"] / GB,
@@ -462,7 +528,7 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
         if standin:
             log("plan: compiling the update and the sampler as bf16 too (XLA:CPU's own figures)")
             raw_u = plan_update(cfg, shapes, mesh, remat=chosen, lora=lora, logprobs=True)
-            raw_s = plan_sampler(cfg, shapes, mesh, lora, net=False)
+            raw_s = plan_sampler(cfg, shapes, mesh, lora, net=False, pages=pages)
             out.update({"plan.xla_cpu_bf16.act_gb": raw_u["act"] / GB,
                         "plan.xla_cpu_bf16.logprob_act_gb": raw_u["logprob_act"] / GB,
                         "plan.xla_cpu_bf16.prefill_temp_gb": raw_s["prefill_temp"] / GB,
@@ -480,9 +546,10 @@ def plan_memory(cfg: Any, device_bytes: float, *, mesh: Any = None, log=print, c
     if logprob > device_bytes:
         reasons.append(f"the log-prob pass needs {logprob / GB:.1f} GB per device")
     if rollout > device_bytes or update > device_bytes and inflight_fit < shapes.inflight:
+        held_kv = (f"{shapes.inflight} rows × {shapes.max_len} slots" if pages is None
+                   else f"a pool of {pages} pages for {shapes.inflight} rows")
         reasons.append(f"rollouts need {rollout / GB:.1f} GB per device (KV cache {samp['kv'] / GB:.1f} "
-                       f"GB for {shapes.inflight} rows × {shapes.max_len} slots); at most "
-                       f"{inflight_fit} rows (sampler.max_inflight) fit")
+                       f"GB: {held_kv}); at most {inflight_fit} rows (sampler.max_inflight) fit")
     out["plan.fits"] = not reasons
     if reasons:
         out["plan.reason"] = "; ".join(reasons)
