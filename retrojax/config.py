@@ -59,9 +59,10 @@ class ModelConfig:
     adapter: str | None = None  # a PEFT LoRA adapter directory to put on the base (retrojax.model.peft)
     # ours: the attention of the learner (Qwen3.hidden) and of the KV cache's prefill and decode
     # (retrojax.model.qwen3.attention_kind). xla: the einsum blocks; fused: jax.nn.dot_product_attention
-    # (cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere); pallas: the forest
-    # flash-attention kernel (retrojax.kernels; interpret mode on CPU) for the learner, fused for the cache;
-    # auto: xla on cpu, on gpu/tpu the kernel for token forests and fused for rows, prefill and decode
+    # (cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere); pallas: the Pallas
+    # kernels (retrojax.kernels; interpret mode on CPU): forest flash attention for the learner, paged decode
+    # for the paged cache's decode, fused for the rest of the cache; auto: xla on cpu, on gpu/tpu the kernels
+    # for token forests and paged decode, fused for rows, prefill and dense decode
     attention: Literal["auto", "xla", "pallas", "fused"] = "auto"
 
 
