@@ -607,6 +607,14 @@ def _paged_decode_kernel(q: jax.Array, ck: jax.Array, cv: jax.Array, pages: jax.
     return paged_decode_attention(q, ck, cv, pages, lengths, layer=layer)
 
 
+def _unpartitioned() -> bool:
+    """Whether this trace runs outside a multi-device mesh (``rules.activation_sharding``)."""
+    from retrojax.parallel import rules
+
+    active = rules._ACTIVE.get()
+    return active is None or active[0].devices.size == 1
+
+
 def _attend_dense(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     b, t, n, d = q.shape
     kvh = k.shape[2]
@@ -995,7 +1003,7 @@ class Qwen3(nnx.Module):
         Writes at slots >= the window are dropped, and each layer attends over the row's gathered pages, laid
         out as the dense window (the same products, so the same numbers); decode (one token per row) under
         ``model.attention``'s ``paged_decode`` kind ``pallas`` runs the paged decode kernel instead, which
-        reads each row's used pages in place (no gathered window).
+        reads each row's used pages in place (no gathered window; on one device: it is not partitioned).
         """
         c = self.config
         h = self._embed(input_ids)
@@ -1076,7 +1084,8 @@ class Qwen3(nnx.Module):
         off = (slots % ps)[..., None]
         heads = jnp.arange(kvh)[None, None]
         fused = attention_kind(self.attention, "cache") == "fused"
-        kernel = t == 1 and attention_kind(self.attention, "paged_decode") == "pallas"
+        # the kernel is not partitioned: on a multi-device mesh (kv heads over tp) decode keeps the gather
+        kernel = t == 1 and attention_kind(self.attention, "paged_decode") == "pallas" and _unpartitioned()
         lengths = jnp.minimum(slots[:, 0] + 1, s)  # the kernel's rows see slots <= their query's
 
         def block(h, ck, cv, p, i):
