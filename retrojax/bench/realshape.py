@@ -44,7 +44,8 @@ every 16th weight of every tensor: the run keeps no second full copy of the mode
 collection's wall time (prefill, compiles and the trial loop included: what one update's rollouts get).
 
 ``--quick``: the same code path at the tiny preset's shape over Qwen3's real vocabulary (the tokenizer, chat
-template, stop strings and prompt lengths stay those of the real run; only the model is small).
+template, stop strings and prompt lengths stay those of the real run; the model is small, and ``QUICK_COUNTS``
+trims replies, demonstrations and buckets, with an 8-token greedy comparison).
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ COUNTS = [
     "sft.num_solver_episodes=2", "sft.num_recovery_episodes=1",
 ]
 
+# ``--quick`` (a smoke test of the whole path, run by the test suite): fewer and shorter replies, one demo
+# episode of each kind, one sequence bucket (one compiled update and log-prob program per row count) and a
+# shorter greedy comparison; the prompts, the tokenizer and every stage stay the full run's (compiles are most
+# of its time: compact prompts in 512-token rows measured no cheaper)
+QUICK_COUNTS = [
+    "sampler.max_new_tokens=8", "sampler.max_reflection_tokens=8", "learn.seq_buckets=[1024]",
+    "sft.num_solver_episodes=1", "sft.num_recovery_episodes=1",
+]
+QUICK_GREEDY_TOKENS = 8
 
 # --------------------------------------------------------------------------------------------------------
 # Phases: wall and CPU seconds, peak resident set
@@ -363,13 +373,15 @@ def run(quick: bool = False, log=print, work_dir: str | Path | None = None) -> d
     work = Path(work_dir)
     phases = Phases(log)
     config = model_config(quick)
+    greedy_tokens = QUICK_GREEDY_TOKENS if quick else GREEDY_TOKENS
     dtype = jnp.bfloat16
     out: dict[str, Any] = {"realshape.model": "tiny@qwen3-vocab" if quick else "qwen3-0.6b",
                            "realshape.dtype": "bfloat16"}
     try:
         with phases.phase("setup"):
             write_random_checkpoint(config, work / "random", dtype)
-            cfg = run_config(work / "random", qwen3_tokenizer_dir(), work / "run")
+            cfg = run_config(work / "random", qwen3_tokenizer_dir(), work / "run",
+                             QUICK_COUNTS if quick else ())
             # planned for this host as `retrojax train` plans it: the memory free now, XLA:CPU's programs
             cfg, admission, remat = plan_run(cfg, None)
             model = build_model(cfg, remat)
@@ -445,15 +457,15 @@ def run(quick: bool = False, log=print, work_dir: str | Path | None = None) -> d
             model32 = from_pretrained(policy_dir, dtype=jnp.float32)
             prompt_ids = tokenizer.encode_chat([{"role": "user", "content": GREEDY_PROMPT}])
             t0 = time.perf_counter()
-            ours = reply(model32, tokenizer, GREEDY_PROMPT, max_new_tokens=GREEDY_TOKENS, temperature=0.0)
+            ours = reply(model32, tokenizer, GREEDY_PROMPT, max_new_tokens=greedy_tokens, temperature=0.0)
             ours_s = time.perf_counter() - t0
             del model32
             gc.collect()
             stops = [i for i in tokenizer.stop_token_ids if i < config.vocab_size]
-            theirs = hf_greedy(policy_dir, prompt_ids, GREEDY_TOKENS, stops)
+            theirs = hf_greedy(policy_dir, prompt_ids, greedy_tokens, stops)
         ours_ids = [int(t) for t in ours.ids]
         log(f"greedy: ours {ours_ids}\n        transformers {theirs}")
-        out.update({"realshape.hf_greedy_match": greedy_match(ours_ids, theirs, GREEDY_TOKENS),
+        out.update({"realshape.hf_greedy_match": greedy_match(ours_ids, theirs, greedy_tokens),
                     "realshape.generate.tokens": float(len(ours_ids)),
                     "realshape.generate.ours_s": ours_s})
     finally:
