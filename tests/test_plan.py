@@ -3,7 +3,11 @@ when a phase does not fit, ``learn.remat: auto`` resolution."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+
+import pytest
 
 from retrojax.cli import main as cli
 from retrojax.config import load
@@ -12,19 +16,37 @@ from retrojax.plan.cli import parse_bytes
 
 KEYS = ("plan.fits", "plan.total_gb", "plan.params_gb", "plan.opt_gb", "plan.grads_gb", "plan.act_gb",
         "plan.kv_gb", "plan.remat", "plan.max_inflight_fit")
+# An explicit page pool (every row at max_len, what ``auto`` gives on a large device) keeps the sampler's
+# programs the same for every device size, so the plan of the small device reuses the first plan's compiles.
 TINY = """model: {preset: tiny}
-sampler: {max_len: 256, max_inflight: 8}
+sampler: {max_len: 256, max_inflight: 8, kv_pages: 33}
 learn: {seq_buckets: [128, 256], max_batch_tokens: 1024, logprob_chunk: 64, lora: {rank: 4}}
 mesh: {data: 1, fsdp: 1, tp: 1}
 """
 
 
-def test_plan_figures_and_a_plan_that_does_not_fit(tmp_path, capsys):
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(TINY)
-    out = tmp_path / "plan.json"
-    assert cli(["plan", "--config", str(cfg), "--device-memory", "2GB", "--json", str(out)]) == 0
-    fig = json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """The CLI's plans: the float32 tiny config on a 2 GB device (both routes compared), the same config in
+    bf16 on a 20 MB device (no comparison). Returns (exit code, figures, stderr, config path) of each."""
+    tmp = tmp_path_factory.mktemp("plan")
+    out = []
+    for name, text, memory, extra in (
+            ("f32", TINY, "2GB", []),
+            ("bf16", TINY.replace("preset: tiny}", "preset: tiny, dtype: bfloat16}"), "20MB",
+             ["--no-compare"])):
+        cfg, fig = tmp / f"{name}.yaml", tmp / f"{name}.json"
+        cfg.write_text(text)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = cli(["plan", "--config", str(cfg), "--device-memory", memory, *extra, "--json", str(fig)])
+        out.append((code, json.loads(fig.read_text()), err.getvalue(), cfg))
+    return out
+
+
+def test_plan_figures_and_a_plan_that_does_not_fit(plans):
+    (code, fig, _, _), (small_code, small, err, _) = plans
+    assert code == 0
     assert all(k in fig for k in KEYS) and fig["plan.fits"] is True
     assert fig["plan.route"] == "lora" and fig["plan.remat"] is False  # auto: fits without remat
     assert fig["plan.remat_on.act_gb"] < fig["plan.no_remat.act_gb"]
@@ -32,11 +54,9 @@ def test_plan_figures_and_a_plan_that_does_not_fit(tmp_path, capsys):
     assert fig["plan.opt_gb"] < fig["plan.full.opt_gb"]
     assert 0 < fig["plan.total_gb"] <= 2 and fig["plan.max_inflight_fit"] >= 8
     # a device too small for the update: exit 1 and say what does not fit
-    capsys.readouterr()
-    assert cli(["plan", "--config", str(cfg), "--device-memory", "20MB", "--no-compare", "--json",
-                str(out)]) == 1
-    assert "does not fit: the update needs" in capsys.readouterr().err
-    assert json.loads(out.read_text())["plan.fits"] is False
+    assert small_code == 1 and "does not fit: the update needs" in err
+    assert small["plan.fits"] is False and small["plan.remat"] is True  # auto: remat on when nothing fits
+    assert not any(k.startswith("plan.full.") for k in small)  # --no-compare
 
 
 def test_sizes_and_remat_settings():
@@ -87,16 +107,14 @@ def test_hoisted_upcasts_counts_f32_copies_of_16_bit_weights():
         assert hoisted_upcasts(text) == (256 * 256 * 4 if carried else 0)
 
 
-def test_bf16_plan_compiles_as_float16_and_counts_the_held_sampler(tmp_path):
+def test_bf16_plan_compiles_as_float16_and_counts_the_held_sampler(plans):
     """A bf16 model on XLA:CPU is compiled as float16 (same bytes), and the sampler's KV cache and layer
     copies (kept by the trainer between rollouts) count in the update phase."""
-    from retrojax.plan.memory import GB, plan_memory, sampler_held_bytes, shapes_from_config
+    from retrojax.plan.memory import GB, sampler_held_bytes, shapes_from_config
 
-    cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(TINY.replace("preset: tiny}", "preset: tiny, dtype: bfloat16}"))
-    c = load(str(cfg))
-    fig = plan_memory(c, 2e9, log=lambda s: None, compare=False)
-    assert fig["plan.compiled_dtype"] == "float16" and fig["plan.fits"] is True
+    _, fig, _, path = plans[1]
+    assert fig["plan.compiled_dtype"] == "float16"
+    c = load(str(path))
     shapes = shapes_from_config(c)
     held = sampler_held_bytes(c, shapes, None, shapes.lora) / GB
     assert held > 0 and abs(fig["plan.sampler_held_gb"] - held) < 1e-9
