@@ -238,11 +238,18 @@ def recorded(tmp_path_factory) -> tuple:
     return archive, metrics
 
 
+# Jitted updates of _one_update's trainers, by their learn settings less the two that only cut the batch
+# (max_batch_tokens, layout): trainers that differ in those alone share one update's compiled programs
+_UPDATES: dict[str, tuple] = {}
+
+
 def _one_update(recorded, tmp_path, **learn) -> tuple[Trainer, dict]:
     cfg = config("sa_grpo", tmp_path)
     cfg = dataclasses.replace(cfg, learn=dataclasses.replace(cfg.learn, **learn))
     trainer = Trainer(cfg, Qwen3(MICRO, rngs=nnx.Rngs(2)), WordTokenizer(), collect=Replay(*recorded),
                       num_tasks=4, tensorboard=False, progress=False)
+    key = repr(dataclasses.replace(cfg.learn, max_batch_tokens=0, layout="rows"))
+    trainer.update, trainer.logprobs = _UPDATES.setdefault(key, (trainer.update, trainer.logprobs))
     history = trainer.fit(updates=learn.get("updates", 1))
     return trainer, history[-1]
 
