@@ -14,8 +14,8 @@ to plan for another device) and:
 A closed-form bound decides first (shapes and dtypes only; every term rounded up, so the rows it admits
 fit): small runs - the tests, the demo - never compile anything for it. When the bound is tight, the trainer's
 answer comes from the compile-only plan (:func:`retrojax.plan.memory.plan_memory`), which measures the
-update's and the sampler's temporaries. KV bytes are counted per row at ``sampler.max_len`` slots: the
-dense cache holds that much whatever a trial uses.
+update's and the sampler's temporaries. KV bytes: a dense cache holds ``sampler.max_len`` slots per row
+whatever a trial uses; a paged cache (the default) holds one pool of pages (``sampler.kv_pages``), sized here.
 """
 
 from __future__ import annotations
