@@ -130,28 +130,57 @@ def test_cli_reports_a_bad_config(tmp_path, capsys):
     assert "learn.estimator" in capsys.readouterr().err
 
 
+class _CheckingUpdate:
+    """The trainer's update, checking while it runs that the collector let go of its sampling weights (on a
+    real model, gigabytes the update would hold beside its own): sampling raises and changes no row."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer, self.inner, self.released = trainer, trainer.update, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, params, opt_state, group):
+        from retrojax.sampler import SamplerError
+
+        sampler = self.trainer.collect.policy.sampler
+        length = sampler.book.length.copy()
+        with pytest.raises(SamplerError, match="released"):
+            sampler.append([0], [[1]])
+        np.testing.assert_array_equal(sampler.book.length, length)
+        self.released.append(self.trainer.collect.policy.model is None)
+        return self.inner(params, opt_state, group)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_real_trial_loop_smoke(tmp_path, temperature):
-    """One update through the agent runner with a tiny random Qwen3: the sampler's log-probs match θ_old's
+    """Updates through the agent runner with a tiny random Qwen3: the sampler's log-probs match θ_old's
     recomputation and the update runs on the recorded tokens (a KL term keeps zero-advantage calls in). Below
     temperature 1 the learner scores the tempered distribution the rollouts were drawn from, so the gap stays
-    at rounding level (scoring them untempered put it near 1 nat)."""
+    at rounding level (scoring them untempered put it near 1 nat). At temperature 1, two updates: the
+    collector holds no weights while an update runs, and the second collection samples with the updated
+    weights (its log-probs match the recomputation under them)."""
     from retrojax.config import load
     from retrojax.model.build import build_model, build_tokenizer
 
+    updates = 2 if temperature == 1.0 else 1
     cfg = load("configs/sokoban_tiny.yaml", [
-        f"run.out_dir={tmp_path}", "learn.updates=1", "learn.tasks_per_update=1", "trial.trials_per_task=2",
-        "learn.kl_coef=0.01", "learn.seq_buckets=[2048]", "eval.every=-1", "env.num_tasks=4",
-        "trial.max_calls=3", f"sampler.temperature={temperature}"])
+        f"run.out_dir={tmp_path}", f"learn.updates={updates}", "learn.tasks_per_update=1",
+        "trial.trials_per_task=2", "learn.kl_coef=0.01", "learn.seq_buckets=[2048]", "eval.every=-1",
+        "env.num_tasks=4", "trial.max_calls=3", f"sampler.temperature={temperature}",
+        "learn.learning_rate=1e-2"])
     tr = Trainer(cfg, build_model(cfg), build_tokenizer(cfg), progress=False, tensorboard=False)
+    tr.update = checking = _CheckingUpdate(tr)
     try:
-        (h,) = tr.fit()
+        history = tr.fit()
     finally:
         tr.close()
-    assert h["rollout/results/T@3/n"] == 2.0
-    assert h["batch/sequences"] >= 1 and h["batch/dropped_calls"] == 0
-    assert h["check/logprob_gap_max"] < 1e-4
-    assert h["train/skipped_steps"] == 0.0 and np.isfinite(h["train/loss"])
+    assert len(history) == updates and len(checking.released) == updates and all(checking.released)
+    for h in history:
+        assert h["rollout/results/T@3/n"] == 2.0
+        assert h["batch/sequences"] >= 1 and h["batch/dropped_calls"] == 0
+        assert h["check/logprob_gap_max"] < 1e-4
+        assert h["train/skipped_steps"] == 0.0 and np.isfinite(h["train/loss"])
 
 
 def test_pool_lengths_keep_the_learner_on_levels_of_those_lengths(tmp_path):
