@@ -1,5 +1,6 @@
 """The notebooks under notebooks/ run top to bottom without an error, in this interpreter's environment."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,8 +25,20 @@ def _kernel_manager() -> KernelManager:
     return km
 
 
+@pytest.fixture(scope="module")
+def kernel_bytecode(tmp_path_factory) -> Path | None:
+    """One bytecode folder for every kernel of this file where the environment writes none
+    (PYTHONDONTWRITEBYTECODE; `make install` compiles none either): each kernel would otherwise compile the
+    source of every module it imports (jax, flax, retrojax: about 3.5 s CPU a kernel on a 2-core CPU). The
+    first kernel writes it, the others read it; None where Python writes its __pycache__ as usual."""
+    return tmp_path_factory.mktemp("pycache") if os.environ.get("PYTHONDONTWRITEBYTECODE") else None
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, kernel_bytecode, monkeypatch):
+    if kernel_bytecode is not None:  # the kernel inherits this process's environment
+        monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
+        monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(kernel_bytecode))
     nb = nbformat.read(path, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks clean"
     km = _kernel_manager()
