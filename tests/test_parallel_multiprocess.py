@@ -35,8 +35,10 @@ def trainer(out_dir, mesh, extra=None):
     cfg = from_dict({
         "model": {"preset": "tiny"},
         "mesh": {"data": mesh[0], "fsdp": mesh[1], "tp": mesh[2]},
+        # token-forest rows of one length (layout tree, one bucket): every update runs the programs of one
+        # microbatch shape (tree_long cuts rows to many lengths, each a compile of its own)
         "learn": {"updates": 2, "tasks_per_update": 4, "seq_buckets": [40], "max_batch_tokens": 40 * 64,
-                  "learning_rate": 1e-4, "logprob_chunk": 16, "check_logprobs": False},
+                  "layout": "tree", "learning_rate": 1e-4, "logprob_chunk": 16, "check_logprobs": False},
         "eval": {"every": 0},
         "run": {"out_dir": str(out_dir), "seed": 7, "keep_checkpoints": 2},
         **(extra or {}),
