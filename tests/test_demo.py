@@ -9,12 +9,14 @@ from retrojax import cli, config
 from retrojax.agent.archive import Archive
 
 # 3 test levels x 3 protocols = 9 sampler rows = 3 training tasks x 3 trials: one sampler shape throughout.
+# One epoch of one minibatch: the update compiles one microbatch shape (the demo's 2 minibatches of 3 task
+# trees took two, each its own gradient program); epochs and minibatches: tests/test_learner_learns.py.
 SHRUNK = [
     "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.seq_len=1024", "sft.vocab_size=1024",
     "sft.num_solver_episodes=6", "sft.num_recovery_episodes=6", "sft.oracle_epsilon=0.5",
     "learn.updates=1", "learn.tasks_per_update=3", "trial.trials_per_task=3", "learn.seq_buckets=[1024]",
     "eval.num_tasks=3", "sampler.max_len=1024", "sampler.chunk_buckets=[64]", "trial.max_calls=6",
-    "learn.train_tasks=3", "eval.greedy=true",
+    "learn.train_tasks=3", "eval.greedy=true", "learn.epochs=1", "learn.minibatches=1",
 ]
 
 
@@ -97,7 +99,7 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     assert summary["demonstrations"]["levels"] == 3  # demonstrations concentrate on the pool
     assert "context_only_moves" in summary["demonstrations"]["recovery"]
     point = summary["curve"][0]
-    cfg = config.load("configs/demo.yaml")
+    cfg = config.load("configs/demo.yaml", SHRUNK)
     steps_per_update = cfg.learn.epochs * cfg.learn.minibatches  # one AdamW step per minibatch per epoch
     assert 0.0 <= point["diag/mixed_groups"] <= 1.0
     assert 0.0 <= point["rollout/expert_first_move"] <= 1.0  # does the policy read the board?
