@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | cksum | cut -d' ' -f
 # thousands of files the tests never import) and no progress bars. The venv's own pip is recent enough for
 # editable installs, so it is not upgraded over the network first.
 PIP_INSTALL := $(BIN)/pip install -q --no-compile --progress-bar off
-# Test workers (pytest-xdist): whole files go to one worker, so module fixtures are built once.
+# Test workers (pytest-xdist): whole files go to one worker, so module fixtures are built once; files are
+# handed out in collection order, heaviest first (tests/conftest.py HEAVY_FIRST).
 TEST_WORKERS ?= 2
 TEST_DURATIONS ?= 20
 # JAX's persistent compile cache for the test suite lives in the venv, for every process the tests start
@@ -52,7 +53,7 @@ test: install
 	$(MKDOCS_BUILD)
 	XLA_FLAGS="$(TEST_XLA_FLAGS)" JAX_COMPILATION_CACHE_DIR=$(TEST_COMPILE_CACHE) \
 		RETROJAX_COMPILE_CACHE=$(or $(TEST_COMPILE_CACHE),0) \
-		$(BIN)/python -m pytest tests -p no:cacheprovider --timeout=900 -n $(TEST_WORKERS) --dist loadfile \
+		$(BIN)/python -m pytest tests -p no:cacheprovider --timeout=900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 		--durations=$(TEST_DURATIONS)
 
 clean:
