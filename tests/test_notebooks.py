@@ -1,4 +1,7 @@
-"""The notebooks under notebooks/ run top to bottom without an error, in this interpreter's environment."""
+"""The notebooks under notebooks/ run top to bottom without an error, in this interpreter's environment.
+
+The kernels run with ``RETROJAX_NOTEBOOK_QUICK=1``: a notebook that reads it runs every cell's code on smaller
+counts (03: fewer levels), as its text says."""
 
 import os
 import sys
@@ -36,6 +39,7 @@ def kernel_bytecode(tmp_path_factory) -> Path | None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, kernel_bytecode, monkeypatch):
+    monkeypatch.setenv("RETROJAX_NOTEBOOK_QUICK", "1")
     if kernel_bytecode is not None:  # the kernel inherits this process's environment
         monkeypatch.delenv("PYTHONDONTWRITEBYTECODE")
         monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(kernel_bytecode))
