@@ -6,15 +6,14 @@ from __future__ import annotations
 import threading
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import test_sampler as dense_tests
-from hf_fixtures import make_tiny_hf_checkpoint
+from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrojax.model.checkpoint import from_pretrained
+from retrojax.model.qwen3 import PRESETS, Qwen3
 from retrojax.sampler import Sampler, SamplerError
 from retrojax.sampling.pages import (
     NULL_PAGE,
@@ -26,16 +25,14 @@ from retrojax.sampling.pages import (
 )
 
 ROWS, MAX_LEN, BUCKETS, MIN_WINDOW, PAGE = 4, 128, (8, 32), 32, 16
+POOL = ROWS * pages_for(MAX_LEN, PAGE) + 1  # the default pool: every row at max_len, and the null page
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return make_tiny_hf_checkpoint(tmp_path_factory.mktemp("paged"), seed=3)
-
-
-@pytest.fixture(scope="module")
-def model(ckpt):
-    return from_pretrained(ckpt, dtype=jnp.float32)
+def model():
+    """The tiny Qwen3 with random weights: paged and dense caches are compared on the same model, so no
+    reference checkpoint is needed (test_sampler.py checks the dense cache against transformers)."""
+    return Qwen3(PRESETS["tiny"], rngs=nnx.Rngs(3))
 
 
 def sampler(model, kv: str, pages: int | None = None, **kw) -> Sampler:
@@ -126,8 +123,10 @@ def test_dense_cache_stays_selectable_and_kv_is_checked(model):
         Sampler(model, rows=1, max_len=16, kv="paged", page_size=0)
 
 
-# the dense sampler's behavioural tests, run on pages (tests reading the dense cache's arrays are left out)
-DENSE_TESTS = ["test_multiturn_with_rewind_matches_one_forward_pass", "test_same_key_same_tokens_and_reset",
+# the dense sampler's behavioural tests, run on pages. Left out: tests reading the dense cache's arrays, and
+# test_multiturn_with_rewind_matches_one_forward_pass (its forward passes compile a program per length; the
+# paged rows' tokens, log-probs and logits after appends and rewinds equal the dense cache's above)
+DENSE_TESTS = ["test_same_key_same_tokens_and_reset",
                "test_stop_token_ends_row_and_stays_in_conversation", "test_stop_string_split_across_tokens",
                "test_bad_arguments_raise_clear_errors", "test_compilations_stay_bounded",
                "test_min_out_len_shares_one_decode_program_and_keeps_the_tokens"]
@@ -135,8 +134,10 @@ DENSE_TESTS = ["test_multiturn_with_rewind_matches_one_forward_pass", "test_same
 
 @pytest.mark.parametrize("name", DENSE_TESTS)
 def test_dense_sampler_tests_pass_on_pages(name, model, monkeypatch):
+    # this module's pool (page size and page count): a program reads the page table over its attention
+    # window only, so the dense tests' calls (max_len 64) run the programs of this module's own tests
     def paged(*args, **kw):
-        return Sampler(*args, kv="paged", page_size=8, **kw)
+        return Sampler(*args, kv="paged", page_size=PAGE, pages=POOL, **kw)
 
     monkeypatch.setattr(dense_tests, "Sampler", paged)
     getattr(dense_tests, name)(model)
