@@ -22,7 +22,7 @@ QUICK_KEYS = [
     "device.update.tiny.attention_rows",
     *(f"device.rows_fused.tiny.{f}" for f in ("tokens", "implementation", "fused_s", "xla_s",
                                               "xla_over_fused")),
-    *(f"device.{kind}.tiny.{f}.{b}" for b in (1, 8, 32)
+    *(f"device.{kind}.tiny.{f}.{b}" for b in (8,)  # --quick: one sampler batch
       for kind, f in (("prefill", "tok_per_s"), ("prefill", "mfu"), ("decode", "tok_per_s"),
                       ("decode", "hbm_roofline_fraction"))),
 ]
