@@ -11,11 +11,12 @@ from retrojax.agent.archive import Archive
 # 3 test levels x 3 protocols = 9 sampler rows = 3 training tasks x 3 trials: one sampler shape throughout.
 # One epoch of one minibatch: the update compiles one microbatch shape (the demo's 2 minibatches of 3 task
 # trees took two, each its own gradient program); epochs and minibatches: tests/test_learner_learns.py.
+# 4 calls a trial: model trials end on their call budget, fewer decode ticks per batch than the demo's 8.
 SHRUNK = [
     "model.preset=tiny", "sft.steps=3", "sft.batch_size=4", "sft.seq_len=1024", "sft.vocab_size=1024",
     "sft.num_solver_episodes=6", "sft.num_recovery_episodes=6", "sft.oracle_epsilon=0.5",
     "learn.updates=1", "learn.tasks_per_update=3", "trial.trials_per_task=3", "learn.seq_buckets=[1024]",
-    "eval.num_tasks=3", "sampler.max_len=1024", "sampler.chunk_buckets=[64]", "trial.max_calls=6",
+    "eval.num_tasks=3", "sampler.max_len=1024", "sampler.chunk_buckets=[64]", "trial.max_calls=4",
     "learn.train_tasks=3", "eval.greedy=true", "learn.epochs=1", "learn.minibatches=1",
 ]
 
