@@ -173,6 +173,8 @@ class Phases:
             self.switch(after)
             return out
 
+        if hasattr(fn, "release"):  # a collector's release (the trainer calls it before the update)
+            wrapped.release = fn.release  # type: ignore[attr-defined]
         return wrapped
 
 
