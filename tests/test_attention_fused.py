@@ -14,7 +14,7 @@ from flax import nnx
 import retrojax.model.qwen3 as q3
 from retrojax import config
 from retrojax.model.qwen3 import Qwen3, Qwen3Config, attention_kind, token_logprobs, use_layer_copies
-from retrojax.plan.admission import inference_resident_bytes, layer_param_count, train_resident_bytes
+from retrojax.plan.bound import inference_resident_bytes, layer_param_count, train_resident_bytes
 from retrojax.sampler import Sampler
 
 CFG = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -12,7 +12,7 @@ import pytest
 from retrojax.cli import main as cli
 from retrojax.config import load
 from retrojax.plan import resolve_remat
-from retrojax.plan.cli import parse_bytes
+from retrojax.plan.bound import parse_bytes
 
 KEYS = ("plan.fits", "plan.total_gb", "plan.params_gb", "plan.opt_gb", "plan.grads_gb", "plan.act_gb",
         "plan.kv_gb", "plan.remat", "plan.max_inflight_fit")

@@ -17,12 +17,9 @@ from retrojax.plan.admission import (
     _train_hint,
     admit_rows,
     admit_train,
-    decode_bytes_per_row,
-    kv_bytes_per_row,
-    param_count,
     resolve,
-    train_resident_bytes,
 )
+from retrojax.plan.bound import decode_bytes_per_row, kv_bytes_per_row, param_count, train_resident_bytes
 
 MICRO = Qwen3Config(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                     num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=4096)

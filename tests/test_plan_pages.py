@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from retrojax.config import from_dict
 from retrojax.plan import memory
-from retrojax.plan.admission import (
-    KVShape,
-    admit_kv,
-    decode_bytes_per_row,
-    kv_bytes_per_row,
-    train_resident_bytes,
-)
+from retrojax.plan.admission import admit_kv
+from retrojax.plan.bound import KVShape, decode_bytes_per_row, kv_bytes_per_row, train_resident_bytes
 from retrojax.plan.memory import GB, kv_pages, plan_memory, sampler_held_bytes, shapes_from_config
 
 ROWS, MAX_LEN = 8, 256

@@ -21,18 +21,19 @@ import numpy as np
 from retrojax.bench import median_time
 
 
-def lora_figures(quick: bool = False, log=print, rank: int = 16) -> dict[str, float]:
-    """One update, full vs LoRA rank ``rank``, on the largest microbatch of a synthetic archive."""
+def lora_figures(setup: tuple, quick: bool = False, log=print, rank: int = 16) -> dict[str, float]:
+    """One update, full vs LoRA rank ``rank``, on the largest microbatch of a synthetic archive; ``setup``:
+    (preset, model config, learn config, archive) of ``bench update``'s overhead figures
+    (``retrojax.bench.update.overhead_setup``), so both compare on the same microbatch."""
     from flax import nnx
 
-    from retrojax.bench.update import overhead_setup
     from retrojax.learn.advantages import advantages_from_config
     from retrojax.learn.batch import plan_batches
     from retrojax.learn.update import make_update
     from retrojax.model import Qwen3
     from retrojax.model.lora import apply_lora, trainable_fraction
 
-    preset, config, cfg, arch = overhead_setup(quick)  # the archive and model of ``bench update``'s overhead
+    preset, config, cfg, arch = setup
     plan = plan_batches(arch, advantages_from_config(arch, cfg), lambda_ref=cfg.lambda_ref,
                         seq_buckets=cfg.seq_buckets, max_batch_tokens=cfg.max_batch_tokens)
     mb = max(plan.microbatches, key=lambda m: int(np.prod(m.shape)))

@@ -124,7 +124,8 @@ def run(quick: bool = False, log=print) -> dict[str, float]:
         "fwd_bwd_compile.s": compile_fb,
         "traces": float(traces),
         "device": jax.devices()[0].platform,
-        **lora_figures(quick, log),  # update.lora_over_full, update.lora_trainable_fraction
+        # update.lora_over_full, update.lora_trainable_fraction
+        **lora_figures(overhead_setup(quick), quick, log),
         **layouts,
     }
 

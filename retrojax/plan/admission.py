@@ -23,11 +23,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from retrojax.plan.memory import GB, lora_settings, model_shape
+from retrojax.plan.bound import (
+    GB,
+    USABLE,
+    KVShape,
+    decode_bytes_per_row,
+    inference_resident_bytes,
+    kv_bytes_per_row,
+    layer_copies_kept,
+    lora_settings,
+    model_shape,
+    parse_bytes,
+    train_resident_bytes,
+)
 
-# Share of the device the closed-form bound may fill: XLA's own workspace, fragmentation, the host's other
-# processes on CPU. The compile-only plan replaces the bound where it is tight.
-USABLE = 0.85
 # Rows ``auto`` never exceeds (a host with terabytes does not need a million rows)
 ROW_CAP = 4096
 
@@ -61,104 +70,6 @@ def device_memory_bytes() -> float | None:
         return None
 
 
-def param_count(config: Any) -> int:
-    """Parameters of a Qwen3 config (embeddings, attention with q/k norms, SwiGLU MLP, norms, LM head)."""
-    h, d, layers = config.hidden_size, config.head_dim, config.num_hidden_layers
-    attn = h * d * (2 * config.num_attention_heads + 2 * config.num_key_value_heads) + 2 * d
-    mlp = 3 * h * config.intermediate_size
-    per_layer = attn + mlp + 2 * h
-    head = 0 if config.tie_word_embeddings else config.vocab_size * h
-    return config.vocab_size * h + head + h + layers * per_layer
-
-
-def layer_param_count(config: Any) -> int:
-    """Parameters of the stacked decoder layers (what the sampler copies per layer for decoding)."""
-    return param_count(config) - config.vocab_size * config.hidden_size * (
-        1 if config.tie_word_embeddings else 2) - config.hidden_size
-
-
-def kv_bytes_per_row(config: Any, max_len: int, dtype: str) -> int:
-    """Keys and values of one dense cache row of ``max_len`` slots."""
-    import numpy as np
-
-    itemsize = np.dtype(dtype).itemsize
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * max_len * itemsize
-
-
-def decode_bytes_per_row(config: Any) -> int:
-    """A generous bound on one row's decode temporaries: float32 logits and their softmax/sort buffers."""
-    return 6 * config.vocab_size * 4 + 64 * config.hidden_size * 4
-
-
-def lora_param_count(config: Any, lora: Any) -> int:
-    """Adapter parameters (A and B per targeted projection and layer)."""
-    h, d, inter = config.hidden_size, config.head_dim, config.intermediate_size
-    shapes = {"q": (h, config.num_attention_heads * d), "k": (h, config.num_key_value_heads * d),
-              "v": (h, config.num_key_value_heads * d), "o": (config.num_attention_heads * d, h),
-              "gate": (h, inter), "up": (h, inter), "down": (inter, h)}
-    per_layer = sum(lora.rank * (a + b) for t, (a, b) in shapes.items() if t in lora.targets)
-    return config.num_hidden_layers * per_layer
-
-
-def _itemsize(dtype: str) -> int:
-    import numpy as np
-
-    return int(np.dtype(dtype).itemsize)
-
-
-def train_resident_bytes(cfg: Any, remat: bool = False) -> dict[str, float]:
-    """Closed-form bytes a trainer keeps besides the sampler's rows (one device, no mesh), by part; ``remat``:
-    the update keeps only each layer's input (and one layer's activations) for the backward pass."""
-    c = model_shape(cfg)
-    it = _itemsize(cfg.model.dtype)
-    lora = lora_settings(cfg)
-    n = param_count(c)
-    trainable = n if lora is None else lora_param_count(c, lora)
-    train_it = it if lora is None else _itemsize(lora.dtype)
-    master_it = 4 if cfg.learn.master_dtype == "float32" else train_it
-    master_it = max(master_it, train_it)
-    parts = {
-        "weights": float(n * it + (0 if lora is None else trainable * train_it)),
-        "masters": float(trainable * master_it if master_it != train_it else 0),
-        "adamw": float(2 * trainable * master_it),
-        "grads": float(trainable * master_it),
-        "reference": float(trainable * train_it if cfg.learn.kl_coef > 0 or cfg.learn.track_kl_ref else 0),
-        "layer_copies": float(layer_param_count(c) * it if _copies(cfg) else 0),
-    }
-    # update activations: every layer's activations of one microbatch in float32 (remat: one layer's, plus
-    # each layer's input), plus the chunked LM head's logits (three float32 copies: logits, softmax, gradient)
-    fitting = [b for b in cfg.learn.seq_buckets if b <= cfg.sampler.max_len]
-    length = max(fitting) if fitting else min(cfg.learn.seq_buckets)
-    rows = max(1, cfg.learn.max_batch_tokens // length)
-    per_token = 16 * c.hidden_size + 8 * c.intermediate_size + 8 * c.num_attention_heads * c.head_dim
-    tokens = rows * length
-    # attention scores, probabilities and their gradient in float32 as if unblocked ([rows, heads, L, L]):
-    # an over-count where attention is computed in blocks, so that the bound stays a bound on every layout
-    scores = 3 * rows * c.num_attention_heads * length * length * 4
-    acts = (tokens * per_token * 4 + scores + c.num_hidden_layers * tokens * c.hidden_size * 4 if remat
-            else c.num_hidden_layers * (tokens * per_token * 4 + scores))
-    logits = rows * min(length, cfg.learn.logprob_chunk) * c.vocab_size * 4 * 3
-    parts["activations"] = float(acts + logits)
-    return parts
-
-
-def inference_resident_bytes(config: Any, dtype: str, layer_copies: bool | str = "auto") -> dict[str, float]:
-    """Closed-form bytes a decoding-only run keeps besides its rows: the weights and the sampler's per-layer
-    copies (``layer_copies``: ``sampler.layer_copies``; none where the decode scans the stacked weights)."""
-    from retrojax.model.qwen3 import use_layer_copies
-
-    it = _itemsize(dtype)
-    copies = layer_param_count(config) * it if use_layer_copies(layer_copies) else 0
-    return {"weights": float(param_count(config) * it), "layer_copies": float(copies)}
-
-
-def _copies(cfg: Any) -> bool:
-    """Whether the run's samplers keep per-layer weight copies (``sampler.layer_copies`` on this backend)."""
-    from retrojax.model.qwen3 import use_layer_copies
-
-    return use_layer_copies(getattr(cfg.sampler, "layer_copies", "auto"))
-
-
 @dataclasses.dataclass(frozen=True)
 class Admission:
     """What the plan decided: the rows to run, the page pool of a paged cache (None: dense, or every row at
@@ -167,56 +78,6 @@ class Admission:
     max_inflight: int
     figures: dict[str, Any]
     kv_pages: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class KVShape:
-    """How the sampler keeps keys and values, for the plan: dense rows of ``max_len`` slots, or a pool of
-    pages."""
-
-    config: Any
-    max_len: int
-    dtype: str
-    paged: bool
-
-    @classmethod
-    def of(cls, cfg: Any, config: Any = None) -> KVShape:
-        return cls(config if config is not None else model_shape(cfg), cfg.sampler.max_len, cfg.model.dtype,
-                   getattr(cfg.sampler, "kv", "dense") == "paged")
-
-    @property
-    def row_bytes(self) -> int:
-        """A dense row; for pages, the pool's floor: one whole row plus a spare page."""
-        return kv_bytes_per_row(self.config, self.max_len, self.dtype)
-
-    def page_bytes(self) -> int:
-        from retrojax.sampling.pages import PAGE_SIZE, kv_bytes_per_page
-
-        return kv_bytes_per_page(self.config, PAGE_SIZE, _itemsize(self.dtype))
-
-    def row_pages(self) -> int:
-        from retrojax.sampling.pages import PAGE_SIZE, pages_for
-
-        return pages_for(self.max_len, PAGE_SIZE)
-
-    def split(self, resident: dict[str, float]) -> tuple[dict[str, float], float]:
-        """(resident parts, bytes per row): a paged cache holds one whole row of pages whatever the row count
-        (its floor) and each row costs only its decode temporaries; a dense row costs its ``max_len``
-        slots."""
-        per_row = float(decode_bytes_per_row(self.config))
-        if not self.paged:
-            return resident, per_row + self.row_bytes
-        return {**resident, "kv_pool_floor": float((self.row_pages() + 1) * self.page_bytes())}, per_row
-
-    def pool(self, budget: float, resident: dict[str, float], rows: int) -> int | None:
-        """Pages of the pool: what is left of the usable device after the resident parts and ``rows`` rows'
-        temporaries, at most every row at ``max_len`` (None for a dense cache)."""
-        if not self.paged:
-            return None
-        left = USABLE * budget - sum(v for k, v in resident.items() if k != "kv_pool_floor") \
-            - rows * decode_bytes_per_row(self.config)
-        most = rows * self.row_pages() + 1
-        return int(max(self.row_pages() + 1, min(most, left // self.page_bytes())))
 
 
 def _rows_that_fit(budget: float, resident: float, per_row: float) -> int:
@@ -360,7 +221,7 @@ def admit_train(cfg: Any, budget: float, remat: bool = False, log: Any = None,
 def admit_decoding(cfg: Any, budget: float, config: Any = None, job: str = "eval") -> Admission:
     """Rows for a decoding-only run (``eval``/``rir`` with a model policy): weights + rows of KV."""
     kv = KVShape.of(cfg, config)
-    resident = inference_resident_bytes(kv.config, cfg.model.dtype, _copies(cfg))
+    resident = inference_resident_bytes(kv.config, cfg.model.dtype, layer_copies_kept(cfg))
     return admit_kv(job=job, kv=kv, resident=resident,
                     budget=budget, requested=cfg.sampler.max_inflight, wanted=None,
                     pages=getattr(cfg.sampler, "kv_pages", "auto"),
@@ -393,8 +254,6 @@ def resolve(cfg: Any, admission: Admission) -> Any:
 def device_budget(device_memory: str | None) -> float:
     """``--device-memory`` in bytes when given, else the device's own memory (retrojax.plan.runtime)."""
     if device_memory:
-        from retrojax.plan.cli import parse_bytes
-
         return parse_bytes(device_memory)
     found = device_memory_bytes()
     if found is None:
@@ -413,4 +272,4 @@ def summary(admission: Admission) -> str:
 
 
 __all__ = ["Admission", "DoesNotFit", "KVShape", "admit_decoding", "admit_kv", "admit_rows", "admit_serving",
-           "admit_train", "device_budget", "kv_bytes_per_row", "param_count", "resolve", "summary"]
+           "admit_train", "device_budget", "resolve", "summary"]

@@ -12,24 +12,11 @@ import argparse
 import json
 import math
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-_UNITS = {"": 1e9, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10, "MIB": 2**20,
-          "GIB": 2**30, "TIB": 2**40}
-
-
-def parse_bytes(text: str) -> float:
-    """``80GB`` / ``80`` (GB) / ``141GiB`` / ``16e9B`` -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"--device-memory {text!r}: expected a size such as 80GB, 141GiB or 24")
-    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
-    if value <= 0:
-        raise ValueError(f"--device-memory must be > 0, got {text!r}")
-    return value
+from retrojax.plan.bound import parse_bytes
 
 
 def _mesh_devices(cfg) -> int:

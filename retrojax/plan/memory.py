@@ -37,7 +37,7 @@ import math
 import re
 from typing import Any
 
-GB = 1e9
+from retrojax.plan.bound import GB, KVShape, lora_settings, model_shape, train_resident_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,32 +51,6 @@ class Shapes:
     length: int  # microbatch sequence length
     inflight: int  # sampler rows
     max_len: int  # sampler slots per row
-
-
-def model_shape(cfg: Any) -> Any:
-    """The Qwen3Config of ``cfg.model``: a checkpoint's config.json (no weights read) or the preset."""
-    from retrojax.model.qwen3 import PRESETS, Qwen3Config
-
-    if cfg.model.path:
-        return Qwen3Config.from_json(cfg.model.path)
-    if cfg.model.preset not in PRESETS:
-        raise ValueError(f"model.preset {cfg.model.preset!r} is not one of {sorted(PRESETS)}")
-    return PRESETS[cfg.model.preset]
-
-
-def lora_settings(cfg: Any) -> Any:
-    """The LoRA the run trains (learn.lora with rank > 0, or the rank of ``model.adapter``), else None."""
-    lora = getattr(cfg.learn, "lora", None)
-    adapter = getattr(cfg.model, "adapter", None)
-    if adapter:
-        from retrojax.model.peft import read_adapter_config
-
-        a = read_adapter_config(adapter)
-        targets = [t for t in ("q", "k", "v", "o", "gate", "up", "down")
-                   if f"{t}_proj" in (a.get("target_modules") or [])] or list(lora.targets)
-        return dataclasses.replace(lora, rank=int(a["r"]), alpha=float(a["lora_alpha"]),
-                                   targets=tuple(targets))
-    return lora if lora is not None and lora.rank > 0 else None
 
 
 def shapes_from_config(cfg: Any, batch_shards: int = 1) -> Shapes:
@@ -214,8 +188,6 @@ def kv_pages(cfg: Any, shapes: Shapes, budget: float | None = None, remat: bool 
     of ``budget`` bytes beside the run's resident parts (``train_resident_bytes`` with ``remat``) and the
     rows' decode temporaries (``KVShape.pool``: at least one row at ``max_len`` and the null page, at most
     every row at ``max_len``); without a budget, every row at ``max_len``."""
-    from retrojax.plan.admission import KVShape, train_resident_bytes
-
     kv = KVShape(shapes.config, shapes.max_len, shapes.dtype, getattr(cfg.sampler, "kv", "dense") == "paged")
     if not kv.paged:
         return None
