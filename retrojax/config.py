@@ -60,9 +60,9 @@ class ModelConfig:
     # ours: the attention of the learner (Qwen3.hidden) and of the KV cache's prefill and decode
     # (retrojax.model.qwen3.attention_kind). xla: the einsum blocks; fused: jax.nn.dot_product_attention
     # (cuDNN flash attention on GPU where it applies, XLA's implementation elsewhere); pallas: the Pallas
-    # kernels (retrojax.kernels; interpret mode on CPU): forest flash attention for the learner, paged decode
-    # for the paged cache's decode, fused for the rest of the cache; auto: xla on cpu, on gpu/tpu the kernels
-    # for token forests and paged decode, fused for rows, prefill and dense decode
+    # kernels (retrojax.kernels; interpret mode on CPU): forest flash attention for the learner, paged
+    # attention for the paged cache's prefill and decode, fused for the dense cache; auto: xla on cpu, on
+    # gpu/tpu the kernels for token forests and the paged cache, fused for rows and the dense cache
     attention: Literal["auto", "xla", "pallas", "fused"] = "auto"
 
 

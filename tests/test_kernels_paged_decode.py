@@ -1,6 +1,6 @@
 """The Pallas paged decode kernel (interpret mode on this CPU): both layouts equal the gathered dense
 reference on drawn page tables (pages shared between rows, ragged lengths, partly used last pages, the null
-page in unused slots), and the sampler's greedy decode with the kernel selected equals the default path."""
+page in unused slots). The sampler with the kernel selected: tests/test_kernels_paged_attention.py."""
 
 from __future__ import annotations
 
@@ -8,15 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import retrojax.kernels as kernels
 from retrojax.kernels.paged_decode import paged_decode_attention
 from retrojax.kernels.reference import paged_decode_reference
-from retrojax.model.qwen3 import Qwen3, Qwen3Config, attention_kind
-from retrojax.sampler import Sampler
 
 L, P, KVH, G, D, PS, B, W = 2, 9, 2, 2, 16, 4, 3, 4  # one compiled shape per (layout, dtype)
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -77,42 +73,3 @@ def test_kernel_reads_only_used_pages():
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="layout"):
         paged_decode_attention(q, k, v, tables, lengths, layout="rows")
-
-
-CFG = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512)
-
-
-def _greedy(attention: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Two rows with a shared prompt page, greedy decode, an append to one row and a second decode."""
-    model = Qwen3(CFG, rngs=nnx.Rngs(5))
-    model.attention = attention
-    sampler = Sampler(model, rows=2, max_len=32, chunk_buckets=(16,), min_window=32, kv="paged", page_size=8)
-    rng = np.random.default_rng(2)
-    prompt = rng.integers(0, CFG.vocab_size, 9).tolist()
-    sampler.append([0, 1], [prompt, prompt + rng.integers(0, CFG.vocab_size, 4).tolist()])
-    outs = sampler.generate([0, 1], 5, temperature=0.0)
-    sampler.append([0], [rng.integers(0, CFG.vocab_size, 3).tolist()])
-    outs += sampler.generate([0, 1], 4, temperature=0.0)
-    return [(o.ids, o.logprobs) for o in outs]
-
-
-def test_sampler_greedy_with_the_kernel_equals_default(monkeypatch):
-    """``model.attention: pallas`` selects the kernel for paged decode (interpret mode here; ``auto`` keeps
-    the gathered XLA path on this CPU); the tokens and log-probs are the default path's."""
-    assert attention_kind("auto", "paged_decode") == "xla"
-    assert attention_kind("pallas", "paged_decode") == "pallas"
-    calls = []
-
-    def spy(*args, **kw):
-        calls.append(args[0].shape)
-        return paged_decode_attention(*args, **kw)
-
-    monkeypatch.setattr(kernels, "paged_decode_attention", spy)
-    base = _greedy("auto")
-    assert not calls
-    got = _greedy("pallas")
-    assert calls and all(shape[0] == 2 for shape in calls)  # traced for decode (one query per row)
-    for (ids, lp), (ids0, lp0) in zip(got, base, strict=True):
-        np.testing.assert_array_equal(ids, ids0)
-        np.testing.assert_allclose(lp, lp0, atol=1e-5, rtol=0)

@@ -3,7 +3,7 @@
 Layers are stacked on a leading axis and run with ``lax.scan`` so compile time does not grow with depth;
 decode loops on CPU instead unroll them over per-layer weight slices taken once (``layer_weights``; see
 ``hidden_cached`` and ``use_layer_copies``). Attention is the einsum blocks of ``attend``/``attend_tree``, the
-Pallas kernels (forest attention, paged decode) or ``jax.nn.dot_product_attention``, as ``model.attention``
+Pallas kernels (forest attention, paged attention) or ``jax.nn.dot_product_attention``, as ``model.attention``
 says (``attention_kind``). Every parameter carries logical axis names (``out_sharding`` metadata) so a
 checkpoint can be placed on a mesh. Norms, softmax and logits are computed in float32 whatever the parameter
 dtype.
@@ -607,6 +607,16 @@ def _paged_decode_kernel(q: jax.Array, ck: jax.Array, cv: jax.Array, pages: jax.
     return paged_decode_attention(q, ck, cv, pages, lengths, layer=layer)
 
 
+def _paged_attention_kernel(q: jax.Array, ck: jax.Array, cv: jax.Array, pages: jax.Array, starts: jax.Array,
+                            cap: jax.Array, layer: int | jax.Array) -> jax.Array:
+    """Attention of T tokens a row over the pool's pages as one Pallas kernel
+    (retrojax.kernels.paged_attention; imported on first use): q [B, T, N, D], token j of row b seeing slots
+    <= starts[b] + j and < cap[b]."""
+    from retrojax.kernels import paged_attention
+
+    return paged_attention(q, ck, cv, pages, starts, cap, layer=layer)
+
+
 def _unpartitioned() -> bool:
     """Whether this trace runs outside a multi-device mesh (``rules.activation_sharding``)."""
     from retrojax.parallel import rules
@@ -778,7 +788,7 @@ def _finish_block(p: Mapping[str, jax.Array], h: jax.Array, attn: jax.Array, c: 
 
 
 ATTENTION_CHOICES = ("auto", "xla", "pallas", "fused")  # model.attention
-ATTENTION_PATHS = ("rows", "forest", "cache", "paged_decode")
+ATTENTION_PATHS = ("rows", "forest", "cache", "paged_decode", "paged_prefill")
 
 
 def attention_kind(attention: str, path: str) -> str:
@@ -786,16 +796,18 @@ def attention_kind(attention: str, path: str) -> str:
 
     Paths: ``rows`` (``Qwen3.hidden`` without ``tree_exit``: the learner's ``rows`` layout), ``forest`` (with
     ``tree_exit``: ``packed``, ``tree``, ``tree_long``), ``cache`` (``hidden_cached``: prefill and decode),
-    ``paged_decode`` (``hidden_cached`` over a page pool, one token per row: decode).
+    ``paged_decode`` (``hidden_cached`` over a page pool, one token per row: decode), ``paged_prefill``
+    (over a page pool, several tokens per row: prefill, an append).
     Kinds: ``xla`` — the einsum blocks (``attend`` / ``attend_tree``; over pages, the gathered window);
     ``pallas`` — a Pallas kernel of retrojax.kernels (interpret mode on CPU): the forest flash attention,
-    or for ``paged_decode`` the paged decode kernel, which reads each row's used pages in place; ``fused`` —
+    or for ``paged_decode`` / ``paged_prefill`` the paged attention kernel, which reads each row's used pages
+    in place; ``fused`` —
     ``jax.nn.dot_product_attention`` (``attend_fused``: cuDNN flash attention on GPU where it applies, XLA's
     implementation elsewhere), the mask of a forest given to it densely. Settings: ``xla`` and ``fused`` run
-    their kind everywhere; ``pallas`` runs the kernels for rows, forests and paged decode and ``fused`` for
-    the rest of the cache (prefill, the dense cache); ``auto`` is ``xla`` on CPU and, on GPU/TPU, ``fused``
-    for rows and the cache and the kernels for forests (it skips the blocks no query of a forest sees, which
-    a dense mask cannot) and paged decode (no gathered window).
+    their kind everywhere; ``pallas`` runs the kernels for rows, forests and the page pool and ``fused`` for
+    the dense cache; ``auto`` is ``xla`` on CPU and, on GPU/TPU, ``fused`` for rows and the dense cache and
+    the kernels for forests (it skips the blocks no query of a forest sees, which a dense mask cannot) and the
+    page pool (no gathered window).
     """
     if attention not in ATTENTION_CHOICES:
         raise ValueError(f"model.attention must be {' | '.join(ATTENTION_CHOICES)}, got {attention!r}")
@@ -804,7 +816,7 @@ def attention_kind(attention: str, path: str) -> str:
     if attention == "auto":
         if jax.default_backend() not in ("gpu", "tpu"):
             return "xla"
-        return "pallas" if path in ("forest", "paged_decode") else "fused"
+        return "pallas" if path in ("forest", "paged_decode", "paged_prefill") else "fused"
     if attention == "pallas" and path == "cache":
         return "fused"
     return attention
@@ -1001,9 +1013,10 @@ class Qwen3(nnx.Module):
         ``pages`` (int32 [B, W]) with a :class:`PagedKVCache`: row b's slot s is offset s % page_size of
         page ``pages[b, s // page_size]``; the row's view is W pages long (``window`` defaults to all of it).
         Writes at slots >= the window are dropped, and each layer attends over the row's gathered pages, laid
-        out as the dense window (the same products, so the same numbers); decode (one token per row) under
-        ``model.attention``'s ``paged_decode`` kind ``pallas`` runs the paged decode kernel instead, which
-        reads each row's used pages in place (no gathered window; on one device: it is not partitioned).
+        out as the dense window (the same products, so the same numbers); under ``model.attention``'s
+        ``paged_decode`` (one token per row) or ``paged_prefill`` (several) kind ``pallas`` the paged
+        attention kernel runs instead, which reads each row's used pages in place (no gathered window; on one
+        device: it is not partitioned).
         """
         c = self.config
         h = self._embed(input_ids)
@@ -1084,9 +1097,11 @@ class Qwen3(nnx.Module):
         off = (slots % ps)[..., None]
         heads = jnp.arange(kvh)[None, None]
         fused = attention_kind(self.attention, "cache") == "fused"
-        # the kernel is not partitioned: on a multi-device mesh (kv heads over tp) decode keeps the gather
-        kernel = t == 1 and attention_kind(self.attention, "paged_decode") == "pallas" and _unpartitioned()
+        # the kernel is not partitioned: on a multi-device mesh (kv heads over tp) attention keeps the gather
+        path = "paged_decode" if t == 1 else "paged_prefill"
+        kernel = attention_kind(self.attention, path) == "pallas" and _unpartitioned()
         lengths = jnp.minimum(slots[:, 0] + 1, s)  # the kernel's rows see slots <= their query's
+        cap = jnp.full((b,), s, jnp.int32)  # ... and, past the window, the whole window (as ``mask``)
 
         def block(h, ck, cv, p, i):
             x = rms_norm(h, p["attn_norm"], c.rms_norm_eps)
@@ -1094,7 +1109,10 @@ class Qwen3(nnx.Module):
             ck = constrain(ck.at[i, page, heads, :, off].set(k.astype(ck.dtype), mode="drop"), PAGE_K_AXES)
             cv = constrain(cv.at[i, page, heads, off].set(v.astype(cv.dtype), mode="drop"), PAGE_V_AXES)
             if kernel:  # the whole stack and the layer index: a layer scan copies no slice of the pool
-                attn = _paged_decode_kernel(q[:, 0], ck, cv, pages, lengths, i)[:, None]
+                if t == 1:
+                    attn = _paged_decode_kernel(q[:, 0], ck, cv, pages, lengths, i)[:, None]
+                else:
+                    attn = _paged_attention_kernel(q, ck, cv, pages, slots[:, 0], cap, i)
                 return _finish_block(p, h, attn, c), ck, cv
             if fused:  # the gathered window as [B, S, KVH, D]
                 kw = ck[i, pages].transpose(0, 1, 4, 2, 3).reshape(b, span, kvh, d)[:, :s]
