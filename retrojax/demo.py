@@ -46,6 +46,7 @@ from retrojax.learn.curves import (
 )
 from retrojax.learn.pool import BadPool, rl_pool
 from retrojax.learn.warm_start import corpus_from_archive, run_demonstrations, warm_start
+from retrojax.programs import Ledger
 
 
 class Stages:
@@ -295,6 +296,7 @@ def run(cfg: Any) -> Path:
     out = Path(cfg.run.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stages = Stages()
+    programs = Ledger()  # compiled programs per stage (sft, eval; the trainer's collect, update) vs bounds
     facts: dict[str, Any] = {}
 
     stages.begin("levels")
@@ -338,11 +340,13 @@ def run(cfg: Any) -> Path:
                                 f"random moves are context only, never SFT targets)")
 
     trials = ModelTrials(cfg, tokenizer, model)
+    program_bounds(cfg, programs, model, tokenizer, n_eval)
     sft_stats: dict[str, Any] = {}
     if cfg.sft.steps > 0:
         stages.begin("warm start (SFT)")
-        sft_stats = warm_start(cfg, model, demos, tokenizer,
-                               play_pool=lambda: play_pool(cfg, trials, train_env, model, rl_levels))
+        with programs.stage("sft"):
+            sft_stats = warm_start(cfg, model, demos, tokenizer,
+                                   play_pool=lambda: play_pool(cfg, trials, train_env, model, rl_levels))
         pack = sft_stats["pack"]
         facts["SFT"] = (f"{sft_stats['steps']} steps x {cfg.sft.batch_size} sequences on {pack['examples']} "
                         f"packed sequences ({pack['own_tokens']} trained tokens, {pack['dropped']} "
@@ -356,11 +360,12 @@ def run(cfg: Any) -> Path:
                              f"{s.steps} steps): "
                              + ", ".join(f"step {k} {v:.0%} / {n:.0%}" for k, v, n in log))
     stages.begin("evaluate SFT policy")
-    sft_summary, sft_archive = evaluate(cfg, trials, test_env, "SFT policy")
-    greedy: dict[str, Any] = {}
-    if cfg.eval.greedy:
-        evaluate_greedy = GreedyEvaluation(cfg, tokenizer, model)
-        greedy["SFT"] = evaluate_greedy(test_env, model, "SFT")
+    with programs.stage("eval"):
+        sft_summary, sft_archive = evaluate(cfg, trials, test_env, "SFT policy")
+        greedy: dict[str, Any] = {}
+        if cfg.eval.greedy:
+            evaluate_greedy = GreedyEvaluation(cfg, tokenizer, model)
+            greedy["SFT"] = evaluate_greedy(test_env, model, "SFT")
 
     stages.begin("ReTRAIL RL")
     played: list[tuple[list[Any], dict[int, bool]]] = []  # each update's trial specs and their outcomes
@@ -383,7 +388,7 @@ def run(cfg: Any) -> Path:
     def periodic_eval(policy_model: Any, iteration: int) -> dict:
         """Success on the held-out levels under the training protocol (learning-curve points)."""
         trials.set_model(policy_model)
-        n = min(cfg.eval.num_tasks or test_env.num_tasks, test_env.num_tasks)
+        n = n_eval
         with trials.sampling_stream(cfg.run.seed + CHECK_STREAM):  # every check draws the same numbers
             arch = trials.run(test_env, make_specs(range(n), [cfg.run.seed], 1, [cfg.trial.protocol]))
         return {"success": float(np.mean([t.success for t in arch.trials]))}
@@ -391,7 +396,8 @@ def run(cfg: Any) -> Path:
     trainer_cfg = cfg if cfg.eval.every > 0 else config.replace(cfg, eval={"every": -1})
     trainer = Trainer(trainer_cfg, model, tokenizer, collect=collect, pool=rl_levels,
                       evaluate=periodic_eval if cfg.eval.every > 0 else None,
-                      num_tasks=train_env.num_tasks, out_dir=out / "rl", tensorboard=True, progress=True)
+                      num_tasks=train_env.num_tasks, out_dir=out / "rl", tensorboard=True, progress=True,
+                      programs=programs)
     trials.restart_sampling(cfg.run.seed + RL_STREAM)  # the RL trials' own stream, whatever was evaluated
     try:
         history = trainer.fit(cfg.learn.updates) if cfg.learn.updates > 0 else []
@@ -403,10 +409,10 @@ def run(cfg: Any) -> Path:
 
     stages.begin("evaluate RL policy")
     trials.set_model(rl_model)
-    rl_summary, rl_archive = evaluate(cfg, trials, test_env, "RL policy")
-
-    if cfg.eval.greedy:
-        greedy["RL"] = evaluate_greedy(test_env, rl_model, "RL")
+    with programs.stage("eval"):
+        rl_summary, rl_archive = evaluate(cfg, trials, test_env, "RL policy")
+        if cfg.eval.greedy:
+            greedy["RL"] = evaluate_greedy(test_env, rl_model, "RL")
     # first/last windows: one pass over the pool the trainer plays (capped to the split), 2 without one;
     # the first window's trials are replayed by the final policy: the training-batch change with levels fixed
     lc = cfg.learn
@@ -482,8 +488,31 @@ def run(cfg: Any) -> Path:
                "heldout_trials": {label: [[t.protocol, int(t.task), int(t.seed), bool(t.success)]
                                           for t in arch.trials]
                                   for label, arch in (("SFT", sft_archive), ("RL", rl_archive))}}
+    programs.log()
+    summary.update(programs.metrics())  # programs.<stage>.compiled, .cached, .compile_s, .other, .bound
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return path
+
+
+def program_bounds(cfg: Any, programs: Ledger, model: Any, tokenizer: Any, n_eval: int) -> None:
+    """Each stage's bound on compiled programs: the warm start's SFT shapes, and the sampler programs of
+    the trials' one policy, one sampler per distinct batch width (an update's trials, an evaluation of
+    every protocol, a periodic check of the training protocol; the greedy evaluation's own policy)."""
+    from retrojax import config
+    from retrojax.learn.collect import collect_width, eval_widths, sampler_bound
+    from retrojax.learn.warm_start import program_bound
+
+    if cfg.sft.steps > 0:
+        programs.bound("sft", program_bound(cfg))
+    programs.bound("collect", sampler_bound(cfg, model, tokenizer, [collect_width(cfg)]))
+    widths = eval_widths(cfg, n_eval)
+    if cfg.eval.every > 0:
+        widths.append(collect_width(cfg, n_eval))
+    bound = sampler_bound(cfg, model, tokenizer, widths)
+    if cfg.eval.greedy:
+        greedy = config.replace(cfg, eval={"seeds": 1})  # GreedyEvaluation's policy: a sampler of its own
+        bound = bound + sampler_bound(greedy, model, tokenizer, eval_widths(greedy, n_eval))
+    programs.bound("eval", bound)
 
 
 def heldout_pairs(sft: Archive, rl: Archive, protocols: Sequence[str]) -> dict[tuple[str, str, str], Any]:

@@ -583,6 +583,17 @@ class Sampler:
         """Static attention window covering slots < ``reach``: a power of two >= min_window, <= max_len."""
         return min(self.max_len, pow2_at_least(reach, self.min_window))
 
+    def windows(self) -> tuple[int, ...]:
+        """Every attention window a call can use (:func:`windows`)."""
+        return windows(self.max_len, self.min_window)
+
+    def program_bounds(self, decode_shapes: int = 1, row_buckets: int = 1) -> dict[str, int]:
+        """:func:`program_bounds` for this sampler."""
+        return program_bounds(max_len=self.max_len, chunk_buckets=self.buckets, min_window=self.min_window,
+                              decode_shapes=decode_shapes, layer_copies=self.layer_copies,
+                              page_table=0 if self.paged is None else self.paged.table.size,
+                              row_buckets=row_buckets)
+
     def _nonempty_rows(self, rows: Sequence[int], what: str) -> list[int]:
         rows = self.book.row_list(rows)
         empty = [r for r in rows if self.book.length[r] == 0]
@@ -721,6 +732,34 @@ class Sampler:
 
 
 # --- device functions ----------------------------------------------------------------------------
+def windows(max_len: int, min_window: int) -> tuple[int, ...]:
+    """Every attention window a sampler's call can use: powers of two from ``min_window``, then ``max_len``
+    (what ``Sampler._window`` picks for some reach)."""
+    out, w = [], min(max_len, pow2_at_least(1, min_window))
+    while w < max_len:
+        out.append(w)
+        w *= 2
+    return (*out, max_len)
+
+
+def program_bounds(*, max_len: int, chunk_buckets: Sequence[int], min_window: int = 256,
+                   decode_shapes: int = 1, layer_copies: bool = True, page_table: int = 0,
+                   row_buckets: int = 1) -> dict[str, int]:
+    """The most programs one sampler's calls can compile, per jitted function, from the shapes ``append``,
+    ``generate`` and ``next_logits`` choose: per window (and per row bucket, ``RowBucketSampler``), a
+    prefill per chunk bucket (``clip_buckets``), ``decode_shapes`` decodes (the caller's distinct (output
+    length, stop-id count, stop-table shape) combinations) and one next-logits; one layer slice (with layer
+    copies); paged (``page_table``: rows × pages per row), one page copy per power-of-two copy count up to
+    the table. An upper bound: a window below a chunk bucket never prefills it, and callers rarely use
+    ``next_logits``."""
+    w = len(windows(max_len, min_window)) * row_buckets
+    out = {"_prefill_impl": w * len(clip_buckets(chunk_buckets, max_len)), "_decode_impl": w * decode_shapes,
+           "_next_logits_impl": w, "_slice_layers_impl": 1 if layer_copies else 0}
+    if page_table:
+        out["_copy_pages_impl"] = int(np.log2(pow2_at_least(page_table, 1))) + 1
+    return out
+
+
 def _prefill_impl(graphdef, state, cache: KVCache | PagedKVCache, ids: jax.Array, write_start: jax.Array,
                   pages: jax.Array | None = None, *, window: int) -> KVCache | PagedKVCache:
     """Write ``ids`` [R, T] into slots ``write_start[r] + t`` (write_start >= window: row untouched);

@@ -108,6 +108,9 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     assert point["train/optimizer_steps"] in (0.0, steps_per_update)
     assert {tuple(x[:3]) for x in summary["heldout_trials"]["SFT"]} == {
         tuple(x[:3]) for x in summary["heldout_trials"]["RL"]}  # paired: same levels, seeds, protocols
+    for stage in ("sft", "eval", "collect", "update"):  # compiled programs within each stage's bound
+        needed = summary[f"programs.{stage}.compiled"] + summary[f"programs.{stage}.cached"]
+        assert needed <= summary[f"programs.{stage}.bound"], stage
 
     report = (out / "report.md").read_text()
     assert "| SFT | T@3 |" in report and "| RL | P@1 |" in report and "Δref" in report

@@ -44,5 +44,13 @@ def test_the_tiny_config_warm_starts_and_then_trains_tokens(tmp_path, capsys):
 
 def test_without_the_warm_start_the_random_tiny_model_has_nothing_to_train(tmp_path, capsys):
     history, _ = _train(tmp_path, "sft.warm_start=false")
-    assert "warm_start" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(printed[-1])
+    assert "warm_start" not in summary
+    # compiled programs per stage (retrojax.programs), each within the bound its shape rules give
+    for stage in ("collect", "update"):
+        needed = summary[f"programs.{stage}.compiled"] + summary[f"programs.{stage}.cached"]
+        assert needed <= summary[f"programs.{stage}.bound"], stage
+        assert any(line.startswith(f"programs: {stage} ") for line in printed)
+    assert summary["programs.collect.bound"] >= 1 and "programs.collect.compiled" in history[-1]
     assert all(h.get("adv/exec_abs_mean", 0.0) == 0.0 and "train/loss" not in h for h in history)

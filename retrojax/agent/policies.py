@@ -292,6 +292,23 @@ class ModelPolicy(Policy):
                    row_buckets=s.row_buckets, longest_reply=max(s.max_new_tokens, s.max_reflection_tokens),
                    kv=s.kv, kv_pages=None if getattr(s, "kv_pages", "auto") == "auto" else int(s.kv_pages))
 
+    def program_bounds(self, rows: int) -> dict[str, int]:
+        """The most programs a sampler of ``rows`` rows built by :meth:`begin` compiles for this policy's
+        calls, per jitted function (``retrojax.sampler.program_bounds``): one decode shape per distinct stop-
+        string set (execution, reflection), since every call's buffer is ``longest_reply`` long and the stop
+        ids are the tokenizer's; row buckets (``sampler.row_buckets``) multiply the per-call programs."""
+        from retrojax.model.qwen3 import use_layer_copies
+        from retrojax.sampler import program_bounds
+        from retrojax.sampling.pages import PAGE_SIZE, pages_for
+        from retrojax.serve.batching import default_row_buckets
+
+        paged = self.kv == "paged"
+        return program_bounds(max_len=self.max_len, chunk_buckets=self.chunk_buckets,
+                              decode_shapes=len({self.stop_strings, self.reflection_stop_strings}),
+                              layer_copies=use_layer_copies(getattr(self.model, "layer_copies", "auto")),
+                              page_table=rows * pages_for(self.max_len, PAGE_SIZE) if paged else 0,
+                              row_buckets=len(default_row_buckets(rows)) if self.row_buckets else 1)
+
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: TrialEnv) -> None:
         from retrojax.sampler import Sampler
 

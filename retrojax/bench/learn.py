@@ -31,6 +31,8 @@ Figures (stable keys):
   ``learn.heldout.{sft,rl}.expert_first_move``: share of trials whose first move is one of the expert's best
   at ``C_0`` — does the policy read the board (:mod:`retrojax.eval.first_move`)?
 - ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only);
+- ``learn.programs.<stage>.compiled`` / ``.cached`` / ``.compile_s`` / ``.other`` / ``.bound``: XLA programs
+  each stage (sft, eval, collect, update) compiled, against its bound (:mod:`retrojax.programs`);
 - ``learn.sft.steps``: the warm start's steps, and with a stop rule (``sft.stop_at_success`` /
   ``sft.stop_at_levels``) ``learn.sft.pool_checks``: ``[step, success on the RL pool, share of its levels
   solved at least once]`` at every check up to the stop.
@@ -157,6 +159,7 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
             out[name], out[f"{name}.ci95_lo"], out[f"{name}.ci95_hi"] = diff
     out["learn.curve"] = [[int(p["update"]), round(float(p["wall_s"]) / 60.0, 3), float(p["success"])]
                           for p in curve]
+    out.update({f"learn.{k}": v for k, v in summary.items() if k.startswith("programs.")})  # per stage
     return out
 
 

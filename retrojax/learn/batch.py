@@ -234,7 +234,7 @@ def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_bu
     """
     if minibatches < 1:
         raise ValueError(f"minibatches must be ≥ 1, got {minibatches}")
-    from retrojax.learn.layout import LAYOUTS
+    from retrojax.learn.layout import LAYOUTS, rows_per_microbatch
 
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -263,7 +263,7 @@ def plan_batches(archive: Archive, adv: Advantages, *, lambda_ref: float, seq_bu
             by_len[length].append(s)
         micro: list[Microbatch] = []
         for length in sorted(by_len):
-            cap = max(1, 1 << int(np.floor(np.log2(max(1, max_batch_tokens // length)))))
+            cap = rows_per_microbatch(length, max_batch_tokens)
             items = by_len[length]
             for i in range(0, len(items), cap):
                 arrays = _fill(items[i:i + cap], _row_bucket(len(items[i:i + cap])), length, scale)

@@ -19,7 +19,9 @@ from retrojax.agent.env_api import check_env_config
 from retrojax.agent.trial import Limits
 from retrojax.learn.pool import BadPool
 from retrojax.learn.trainer import Trainer, validate_learn_config
+from retrojax.learn.warm_start import program_bound as sft_program_bound
 from retrojax.model.build import build_model, build_tokenizer
+from retrojax.programs import Ledger
 
 
 def warm_start(cfg: Any, model: Any, tokenizer: Any, resume: bool) -> dict[str, Any] | None:
@@ -104,9 +106,13 @@ def main(args: argparse.Namespace) -> int:
     resume = bool(getattr(args, "resume", False))
     model = build_model(cfg, remat)
     tokenizer = build_tokenizer(cfg)
-    sft_figures = warm_start(cfg, model, tokenizer, resume)
-    try:
-        trainer = Trainer(cfg, model, tokenizer)  # after the warm start: it copies the weights it starts from
+    programs = Ledger()  # compiled programs per stage against their bounds (retrojax.programs)
+    if cfg.sft.warm_start:
+        programs.bound("sft", sft_program_bound(cfg))
+    with programs.stage("sft"):
+        sft_figures = warm_start(cfg, model, tokenizer, resume)
+    try:  # after the warm start: the trainer copies the weights it starts from
+        trainer = Trainer(cfg, model, tokenizer, programs=programs)
     except BadPool as e:  # learn.pool_lengths that select no level (a malformed range failed above)
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -122,5 +128,7 @@ def main(args: argparse.Namespace) -> int:
     if sft_figures is not None:
         keys = ("steps", "held_out_nll_before", "held_out_nll_after")
         summary["warm_start"] = {k: sft_figures[k] for k in keys}
+    programs.log()
+    summary.update(programs.metrics())  # programs.<stage>.compiled, .cached, .compile_s, .other, .bound
     print(json.dumps(summary))
     return 0

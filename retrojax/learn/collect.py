@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from retrojax.agent.archive import Archive
+from retrojax.programs import Bound
 
 
 def is_number(v: Any) -> bool:
@@ -103,6 +104,38 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
     elif is_number(d) and "seed_success/" not in prefix:  # per-seed entries would vary run to run
         out[prefix[:-1]] = float(d)
     return out
+
+
+def collect_width(cfg: Any, trials: int | None = None) -> int:
+    """Sampler rows of a batch of ``trials`` trials (default: one update's, ``tasks_per_update`` ×
+    ``trials_per_task``) through the runner: all of them, or ``sampler.max_inflight`` when set."""
+    n = cfg.learn.tasks_per_update * cfg.trial.trials_per_task if trials is None else int(trials)
+    limit = cfg.sampler.inflight_rows()
+    return max(1, n if limit <= 0 else min(n, limit))
+
+
+def eval_widths(cfg: Any, num_tasks: int) -> list[int]:
+    """Sampler rows of the evaluation batches (``retrojax.eval.protocol.evaluate``): every (task, seed,
+    protocol) trial of ``eval`` at once (or ``sampler.max_inflight``), the RIR protocols in a batch of
+    their own."""
+    from retrojax.agent.rir.variants import is_rir
+
+    n = max(1, num_tasks if cfg.eval.num_tasks is None else min(num_tasks, cfg.eval.num_tasks))
+    rir = sum(1 for p in cfg.eval.protocols if is_rir(p))
+    plain = len(cfg.eval.protocols) - rir
+    return [collect_width(cfg, n * cfg.eval.seeds * k) for k in (plain, rir) if k]
+
+
+def sampler_bound(cfg: Any, model: Any, tokenizer: Any, widths: Sequence[int]) -> Bound:
+    """The most programs ``ModelPolicy`` samplers of ``widths`` rows compile
+    (``ModelPolicy.program_bounds``, summed over the distinct widths: each width is a sampler of its own).
+    Upper bound: every (window, chunk bucket) pair and next-logits program is counted, used or not."""
+    from retrojax.agent.policies import ModelPolicy
+
+    policy = ModelPolicy.from_config(cfg, model, tokenizer)
+    per = [policy.program_bounds(w) for w in sorted(set(widths))]
+    return Bound(sum(sum(p.values()) for p in per), tuple(sorted({k for p in per for k in p})), exact=False,
+                 why="every window × chunk bucket, used or not")
 
 
 def default_collect(cfg: Any, tokenizer: Any) -> RunnerCollect:

@@ -192,13 +192,42 @@ def _fit(n: int, lengths: Sequence[int]) -> int:
     raise ValueError(f"{n} tokens exceed the largest row length {max(lengths)}")
 
 
+def terms_widths(length: int) -> tuple[int, ...]:
+    """Every K a microbatch of row length ``length`` may have: ``length >> j`` (j < 3), ascending."""
+    return tuple(sorted({max(1, length >> j) for j in range(_K_STEPS)}))
+
+
 def terms_width(n_terms: int, length: int) -> int:
-    """K for a microbatch whose fullest row has ``n_terms`` terms: the smallest ``length >> j`` (j < 3)."""
-    for j in range(_K_STEPS - 1, -1, -1):
-        k = max(1, length >> j)
+    """K for a microbatch whose fullest row has ``n_terms`` terms: the smallest of ``terms_widths``."""
+    for k in terms_widths(length):
         if n_terms <= k:
             return k
     raise ValueError(f"{n_terms} terms exceed a row of {length}")
+
+
+def rows_per_microbatch(length: int, max_batch_tokens: int) -> int:
+    """Rows of ``length`` tokens in one microbatch: the largest power of two that fits the budget (≥ 1)."""
+    return max(1, 1 << int(np.floor(np.log2(max(1, max_batch_tokens // length)))))
+
+
+def row_counts(cap: int) -> tuple[int, ...]:
+    """Every padded row count of a microbatch of at most ``cap`` rows (``_row_bucket``: powers of two)."""
+    return tuple(sorted({_row_bucket(n) for n in range(1, cap + 1)}))
+
+
+def microbatch_shapes(layout: str, lengths: Sequence[int], max_batch_tokens: int
+                      ) -> tuple[tuple[int, int, int], ...]:
+    """Every (rows, length, terms width) a microbatch of ``layout`` may have (K 0: the ``rows`` layout has
+    no terms), from the rules ``pack`` and ``retrojax.learn.batch.plan_batches`` shape microbatches by: the
+    update compiles at most one program per shape."""
+    if layout == "rows":
+        return tuple((r, int(b), 0) for b in sorted(set(lengths))
+                     for r in row_counts(rows_per_microbatch(int(b), max_batch_tokens)))
+    if forest_options(layout)["long_rows"]:
+        return tuple((1, b, k) for b in row_lengths(lengths, max_batch_tokens) for k in terms_widths(b))
+    cap = rows_per_microbatch(max(lengths), max_batch_tokens)
+    return tuple((r, int(b), k) for b in sorted(set(lengths)) for r in row_counts(cap)
+                 for k in terms_widths(int(b)))
 
 
 def pack_rows(items: Sequence[Trained], length: int, share: bool = True) -> list[_Row]:
@@ -311,7 +340,7 @@ def pack(items: Sequence[Trained], *, lengths: Sequence[int], max_batch_tokens: 
     else:
         top = max(lengths)
         rows = pack_rows(items, top, share)
-        cap = max(1, 1 << int(np.floor(np.log2(max(1, max_batch_tokens // top)))))
+        cap = rows_per_microbatch(top, max_batch_tokens)
         mbs, groups = [], []
         for lo in range(0, len(rows), cap):
             group = rows[lo:lo + cap]

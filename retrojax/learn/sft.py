@@ -203,6 +203,19 @@ def make_batch(examples: Sequence[Example], batch_size: int, buckets: Sequence[i
     return collate_forest(examples, buckets, layout)
 
 
+def batch_shapes(batch_size: int, buckets: Sequence[int], layout: str = "tree"
+                 ) -> tuple[tuple[int, int, int], ...]:
+    """Every (rows, length, terms width) ``make_batch`` can return (K 0 in the ``rows`` layout): the SFT
+    step and ``evaluate_nll`` compile at most one program each per shape."""
+    from retrojax.learn.layout import microbatch_shapes, row_counts
+
+    if layout == "rows":
+        return tuple((batch_size, int(b), 0) for b in sorted(set(buckets)))
+    top = 1 << max(0, math.ceil(math.log2(max(batch_size, 1))))  # collate_forest's rows for a full batch
+    return tuple(sorted({shape for rows in row_counts(top)
+                         for shape in microbatch_shapes(layout, buckets, rows * max(buckets))}))
+
+
 def _logprobs(model: Qwen3, batch: dict[str, jax.Array], chunk: int) -> jax.Array:
     if "tree_exit" in batch:
         return token_logprobs(model, batch["input_ids"], batch["targets"], positions=batch["positions"],

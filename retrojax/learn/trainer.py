@@ -40,14 +40,24 @@ from retrojax.agent.archive import Archive
 from retrojax.learn.advantages import advantages_from_config
 from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
-from retrojax.learn.collect import default_collect, default_evaluate, is_number, train_split_size
+from retrojax.learn.collect import (
+    collect_width,
+    default_collect,
+    default_evaluate,
+    eval_widths,
+    is_number,
+    sampler_bound,
+    train_split_size,
+)
 from retrojax.learn.diagnostics import update_diagnostics
+from retrojax.learn.layout import microbatch_shapes
 from retrojax.learn.loss import merge_params
 from retrojax.learn.pool import BadPool, check_lengths, rl_pool
 from retrojax.learn.precision import cast_like, check_master_dtype, dtypes_of, master_copy
 from retrojax.learn.update import LogProbs, Update, make_optimizer
 from retrojax.model.lora import base_pointer, join_params, lora_plan, split_params
 from retrojax.parallel.distributed import is_writer
+from retrojax.programs import Bound, Ledger
 
 
 class Collect(Protocol):
@@ -179,7 +189,8 @@ class Trainer:
     def __init__(self, cfg: Any, model: Any, tokenizer: Any = None, *, collect: Collect | None = None,
                  evaluate: Evaluate | None = None, num_tasks: int | None = None,
                  pool: Sequence[int] | None = None,
-                 out_dir: str | Path | None = None, tensorboard: bool = True, progress: bool = True):
+                 out_dir: str | Path | None = None, tensorboard: bool = True, progress: bool = True,
+                 programs: Ledger | None = None):
         validate_learn_config(cfg.learn)
         self.cfg = cfg
         self.learn = cfg.learn
@@ -244,6 +255,19 @@ class Trainer:
         self._writer: Any = None
         self._tensorboard = tensorboard
         self._warned_gap = False
+        # compiled programs per stage (collect, update, eval) against their bounds (retrojax.programs); a
+        # caller's ledger (the demo's) keeps its own stages and bounds beside these
+        self.programs = programs if programs is not None else Ledger()
+        self._log_programs = programs is None  # a caller's ledger is the caller's to log
+        reference = self.ref_params is not None
+        self.programs.bound("update", update_bound(self.learn, jax.process_count(), reference))
+        if collect is None:
+            self.programs.bound("collect", sampler_bound(cfg, model, tokenizer, [collect_width(cfg)]))
+        if evaluate is None and self.evaluate is not None:
+            # eval.num_tasks null (the whole held-out part): its size only moves a paged or row-bucketed
+            # sampler's bound, whose rows then follow one task per protocol and seed
+            widths = eval_widths(cfg, cfg.eval.num_tasks or 1)
+            self.programs.bound("eval", sampler_bound(cfg, model, tokenizer, widths))
 
     # --- the policy ------------------------------------------------------------------------------
     def model(self) -> Any:
@@ -326,11 +350,18 @@ class Trainer:
             from retrojax.parallel.shares import task_share
 
             tasks, seeds = task_share(tasks, seeds, jax.process_index(), jax.process_count())
-        archive, rollout = self.collect(self.model(), tasks, seeds)
+        with self.programs.stage("collect"):
+            archive, rollout = self.collect(self.model(), tasks, seeds)
         release = getattr(self.collect, "release", None)
         if release is not None:  # the sampler's weights are stale after the update: not held beside it
             release()
         t1 = time.perf_counter()
+        with self.programs.stage("update"):
+            return self._learn(archive, rollout, tasks, t0, t1)
+
+    def _learn(self, archive: Archive, rollout: dict, tasks: list[int], t0: float, t1: float
+               ) -> dict[str, float]:
+        """Advantages, microbatches, the log-prob check and the optimizer steps of one iteration."""
         adv = advantages_from_config(archive, self.learn)
         rng = np.random.default_rng([self.cfg.run.seed, self.iteration])
         lc = self.learn
@@ -433,8 +464,10 @@ class Trainer:
                 every = self.cfg.eval.every
                 due = (every > 0 and self.iteration % every == 0) or self.iteration == total
                 if self.evaluate is not None and due:
-                    found = self.evaluate(self.model(), self.iteration)
+                    with self.programs.stage("eval"):
+                        found = self.evaluate(self.model(), self.iteration)
                     metrics.update({f"eval/{k}": float(v) for k, v in found.items() if is_number(v)})
+                metrics.update(self.programs.metrics())  # so far this run: programs.<stage>.compiled, …
                 self._log(metrics)
                 ce = max(1, self.learn.checkpoint_every)
                 if self.iteration % ce == 0 or self.iteration == total:
@@ -451,6 +484,8 @@ class Trainer:
                 bar.close()
             if self._writer is not None:
                 self._writer.flush()
+        if is_writer() and self._log_programs:
+            self.programs.log()
         return self.history
 
     def close(self) -> None:
@@ -483,6 +518,22 @@ class Trainer:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def update_bound(lc: Any, processes: int = 1, reference: bool = False) -> Bound:
+    """The most programs one iteration's learner work compiles over a run: per microbatch shape the layout
+    allows (``layout.microbatch_shapes`` at this process's share of ``learn.max_batch_tokens``, as ``step``
+    plans them) the gradient accumulation, and where they run the log-prob recomputation (the check, the
+    recompute, the reference), its gap and the reference's KL totals; then one optimizer apply and one
+    accumulator init. Upper bound: shapes the rollouts never fill are counted too."""
+    shapes = len(microbatch_shapes(lc.layout, lc.seq_buckets, max(1, lc.max_batch_tokens // processes)))
+    check = lc.check_logprobs or lc.old_logprobs == "recompute"
+    names = ["_accumulate_step", "_apply_step", "_zero_accumulator"]
+    names += ["_run"] if check or reference else []
+    names += ["_gap"] if check else []
+    names += ["_k3_totals"] if reference else []
+    return Bound(shapes * (len(names) - 2) + 2, tuple(names), exact=False,
+                 why="every microbatch shape the layout allows, filled or not")
 
 
 def _plan(cfg: Any, model: Any, tx: Any) -> Any:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from retrojax.agent.archive import Archive
+from retrojax.programs import Bound
 
 # The protocol families whose prompts every warm start covers (forward-only, one rewinding attempt), so the
 # demonstrations do not change with the evaluation list (a bench that evaluates T@3 only trains as the demo).
@@ -186,6 +187,27 @@ def validate_sft_config(s: Any) -> None:
         raise ValueError("; ".join(problems))
 
 
+
+def sft_layout(cfg: Any) -> tuple[list[int], str]:
+    """The warm start's length buckets (``learn.seq_buckets`` below ``sft.seq_len``, then ``sft.seq_len``)
+    and layout (``sft.layout``, else ``learn.layout``)."""
+    s = cfg.sft
+    buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
+    return buckets, s.layout or cfg.learn.layout
+
+
+def program_bound(cfg: Any) -> Bound:
+    """The most programs the warm start's SFT steps and held-out NLLs compile: one step and one NLL program
+    per batch shape (``sft.batch_shapes``). Upper bound: the shapes the demonstrations never fill are
+    counted too; the optimizer's (``sft.stop_at_*``: warmup-stable-decay) is one step function either way."""
+    from retrojax.learn import sft
+
+    buckets, layout = sft_layout(cfg)
+    shapes = len(sft.batch_shapes(cfg.sft.batch_size, buckets, layout))
+    return Bound(2 * shapes, ("step", "_nll_totals"), exact=False,
+                 why="every batch shape the buckets allow, filled or not")
+
+
 def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progress: bool = True,
                play_pool: Callable[[], tuple[float, float]] | None = None) -> dict[str, Any]:
     """SFT of ``model`` in place on the demonstrations: loss on the expert's output tokens (+ end of turn)
@@ -222,8 +244,8 @@ def warm_start(cfg: Any, model: Any, archive: Archive, tokenizer: Any, *, progre
     order = rng.permutation(len(examples))
     held = [examples[i] for i in order[: max(1, len(examples) // 10)]]
     train = [examples[i] for i in order[max(1, len(examples) // 10):]] or held
-    buckets = sorted({b for b in cfg.learn.seq_buckets if b < s.seq_len} | {s.seq_len})
-    chunk, layout = cfg.learn.logprob_chunk, s.layout or cfg.learn.layout
+    buckets, layout = sft_layout(cfg)
+    chunk = cfg.learn.logprob_chunk
     nll_before = sft.evaluate_nll(model, held, s.batch_size, pad_id=pad, chunk=chunk, buckets=buckets,
                                   layout=layout)
     bar = None

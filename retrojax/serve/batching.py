@@ -63,18 +63,15 @@ class RowBucketSampler(Sampler):
         self.programs: dict[tuple, float] = {}
         self.on_program = on_program
 
-    def windows(self) -> tuple[int, ...]:
-        """Every attention window a call can use (powers of two from ``min_window``, then ``max_len``)."""
-        out, w = [], self._window(1)
-        while w < self.max_len:
-            out.append(w)
-            w *= 2
-        return (*out, self.max_len)
-
     def program_bound(self, decode_shapes: int = 1) -> int:
         """The most programs the engine's calls can need: row buckets × windows × (prefill chunk buckets +
         ``decode_shapes``, the distinct (decode length, stop ids, stop table) shapes; 1 in the engine)."""
         return len(self.row_buckets) * len(self.windows()) * (len(self.buckets) + decode_shapes)
+
+    def program_bounds(self, decode_shapes: int = 1, row_buckets: int = 0) -> dict[str, int]:
+        """:meth:`Sampler.program_bounds` with each row bucket's own prefill, decode and next-logits
+        programs."""
+        return super().program_bounds(decode_shapes, row_buckets or len(self.row_buckets))
 
     def warm_up(self, stop_ids: Sequence[int], decode_steps: int) -> float:
         """Run every program the engine's calls can need once, so that none compiles while serving: for each
