@@ -26,7 +26,7 @@ listed rows — ``min_window`` up to ``max_len``): ``_prefill`` writes up to one
 below): sampling (:mod:`retrojax.sampling.distribution`), stop token ids, stop strings via per-token
 automaton tables (:mod:`retrojax.sampling.stops`), per-row token limits. Compilations are bounded:
 per attention window, one per chunk bucket and one per (power-of-two max_new_tokens, stop-id count,
-stop-string table shape).
+stop-string table shape); :func:`program_bounds` counts them for a run's stage bound (retrojax.programs).
 
 Decode on CPU reads each layer's weights from its own array (``Qwen3.layer_weights``, sliced once per model
 and kept until ``update_model``): a matmul on CPU cannot read a slice of the stacked weights in place, and
