@@ -87,17 +87,21 @@ def enable_compile_cache_default() -> Path | None:
 
 
 def setup(cfg: Any) -> None:
-    """Process start-up for a run: distributed init (if asked), then the compile cache as configured."""
+    """Process start-up for a run: distributed init (if asked), then the compile cache as configured.
+
+    ``distributed.compile_cache`` (default on) uses ``distributed.compile_cache_dir``, else the directory
+    ``RETROJAX_COMPILE_CACHE`` names, else the user cache. ``RETROJAX_COMPILE_CACHE=0`` turns the default
+    off (a run that must compile from nothing: CI, timings); only a config that names its own directory keeps
+    it."""
     dc = getattr(cfg, "distributed", None)
     if dc is None:
         return
     initialize(dc)
-    if dc.compile_cache:
+    env = os.environ.get("RETROJAX_COMPILE_CACHE", "")
+    env_off = env.lower() in ("0", "off", "false", "no")
+    if dc.compile_cache and (dc.compile_cache_dir or not env_off):
         jax.config.update("jax_enable_compilation_cache", True)
-        # the config's directory, else RETROJAX_COMPILE_CACHE's (as the CLI reads it), else the user cache
-        env = os.environ.get("RETROJAX_COMPILE_CACHE", "")
-        enable_compile_cache(dc.compile_cache_dir or (None if env.lower() in ("0", "off", "false", "no")
-                                                      else env or None))
+        enable_compile_cache(dc.compile_cache_dir or env or None)
     else:
         disable_compile_cache()
 
