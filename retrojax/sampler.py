@@ -42,11 +42,12 @@ grows and returns them when it rewinds past them or resets (a rewind truncates t
 partially used last page); rows whose conversations start with the same full pages (the trials of one task, a
 server's requests with one system prompt) hold those pages once, and a write into a shared page copies it
 first. The tokens and log-probs are those of the dense cache: on CPU attention gathers each row's pages into
-the dense window's layout; on GPU/TPU decode reads only each row's used pages in a Pallas kernel
-(retrojax.kernels.paged_decode). When a call needs more pages than are free, rows outside the call are evicted
-(least recently used first: their pages go back to the pool, their conversation stays on host) and recomputed
-by a prefill when next used; a call whose own rows do not fit together runs in groups that do (recompute
-preemption: no host copy of keys/values is kept, a prefill is cheap next to a decode of the same tokens).
+the dense window's layout; on GPU/TPU prefill, appends and decode read only each row's used pages in a Pallas
+kernel (retrojax.kernels.paged_attention). When a call needs more pages than are free, rows outside the call
+are evicted (least recently used first: their pages go back to the pool, their conversation stays on host) and
+recomputed by a prefill when next used; a call whose own rows do not fit together runs in groups that do
+(recompute preemption: no host copy of keys/values is kept, a prefill is cheap next to a decode of the same
+tokens).
 
 Capacity: a row holds at most ``max_len`` tokens. ``append`` past it raises :class:`CacheOverflowError` before
 anything is written (check ``room(row)`` first); ``generate`` stops a row that fills up with finish reason
