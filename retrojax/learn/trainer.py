@@ -261,9 +261,11 @@ class Trainer:
         self._log_programs = programs is None  # a caller's ledger is the caller's to log
         reference = self.ref_params is not None
         self.programs.bound("update", update_bound(self.learn, jax.process_count(), reference))
-        if collect is None:
+        # the sampler stages' bounds come from the policy the default collector and evaluation build, which
+        # needs the tokenizer; a trainer given none samples nothing itself
+        if collect is None and tokenizer is not None:
             self.programs.bound("collect", sampler_bound(cfg, model, tokenizer, [collect_width(cfg)]))
-        if evaluate is None and self.evaluate is not None:
+        if evaluate is None and self.evaluate is not None and tokenizer is not None:
             # eval.num_tasks null (the whole held-out part): its size only moves a paged or row-bucketed
             # sampler's bound, whose rows then follow one task per protocol and seed
             widths = eval_widths(cfg, cfg.eval.num_tasks or 1)
