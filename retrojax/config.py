@@ -202,6 +202,9 @@ class EvalConfig:
     # ours: the demo also scores the SFT and the RL policy with greedy decoding (one seed): a held-out gain at
     # the sampling temperature that vanishes here is sharpening, not more boards read
     greedy: bool = False
+    # ours: the part of env.split the demo and `bench learn` hold out: "test" reports, "val" tunes (the parts
+    # share no room, so a setting chosen on val is judged once on test)
+    held_out: Literal["test", "val"] = "test"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -301,13 +301,14 @@ def run(cfg: Any) -> Path:
 
     stages.begin("levels")
     train_env = make_env(cfg, f"{cfg.env.split}:train")
-    test_env = make_env(cfg, f"{cfg.env.split}:test")
+    test_env = make_env(cfg, f"{cfg.env.split}:{cfg.eval.held_out}")  # held out: test, or val to tune
     n_eval = min(cfg.eval.num_tasks or test_env.num_tasks, test_env.num_tasks)
     # does the policy read the board? (first moves vs the expert's, on the training batch and held out)
     train_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:train"))
-    test_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:test"))
+    test_probe = FirstMoveProbe(lambda: make_env(cfg, f"{cfg.env.split}:{cfg.eval.held_out}"))
     rl_levels = rl_pool(train_env, cfg.learn.train_tasks, cfg.learn.pool_lengths)  # what RL plays
-    facts["levels"] = (f"`{cfg.env.split}`: {train_env.num_tasks} training, {test_env.num_tasks} test levels "
+    facts["levels"] = (f"`{cfg.env.split}`: {train_env.num_tasks} training, {test_env.num_tasks} "
+                       f"{cfg.eval.held_out} levels "
                        f"(evaluation uses the first {n_eval})")
 
     if cfg.model.path:

@@ -54,7 +54,8 @@ KEYS: dict[str, list[str]] = {
     + [f"learn.expert_first_move.{w}" for w in ("first", "last")]
     + [f"learn.heldout.{p}.T@3{s}" for p in ("sft", "rl", "rl_minus_sft")
        for s in ("", ".ci95_lo", ".ci95_hi")]
-    + [f"learn.heldout.{p}.expert_first_move" for p in ("sft", "rl")],
+    + [f"learn.heldout.{p}.expert_first_move" for p in ("sft", "rl")]
+    + ["learn.heldout.part", "learn.heldout.checks"],
     "parallel": ["parallel.update_flops_per_device_ratio", "parallel.update_bytes_per_device_ratio",
                  "parallel.decode_weight_allgathers", "update.mem.params_per_device_bytes",
                  "update.mem.opt_per_device_bytes", "update.mem.temp_per_device_bytes",
@@ -68,6 +69,11 @@ KEYS: dict[str, list[str]] = {
     + [f"credit.{s}.{r}.{g}.{k}.n" for s in ("reward", "progress") for r in ("segment", "resumed")
        for g in ("failed", "mixed", "solved") for k in ("move_best", "move_other", "rewind", "invalid")],
 }
+
+
+# the learn bench holds out the split's val part and checks it after every update (the tuning path; the
+# demo's test covers the default, test)
+EXTRA = {"learn": ["--set", "eval.held_out=val", "--set", "eval.every=1"]}
 
 
 def quick(target: str, tmp_path: Path, *extra: str) -> dict[str, Any]:
@@ -87,9 +93,12 @@ def numbers(value: Any) -> list[float]:
 
 @pytest.mark.parametrize("target", [t for t in KEYS if t != "textworlds"])
 def test_quick_run_writes_every_documented_key(target, tmp_path):
-    figures = quick(target, tmp_path)
+    figures = quick(target, tmp_path, *EXTRA.get(target, []))
     assert [k for k in KEYS[target] if k not in figures] == []
     assert [k for k, v in figures.items() if not all(math.isfinite(x) for x in numbers(v))] == []
+    if target == "learn":
+        assert figures["learn.heldout.part"] == "val"
+        assert [u for u, _ in figures["learn.heldout.checks"]] == [1, 2]
 
 
 @pytest.mark.textworlds

@@ -30,6 +30,9 @@ Figures (stable keys):
 - ``learn.expert_first_move.first`` / ``.last`` (training batch, same windows) and
   ``learn.heldout.{sft,rl}.expert_first_move``: share of trials whose first move is one of the expert's best
   at ``C_0`` — does the policy read the board (:mod:`retrojax.eval.first_move`)?
+- ``learn.heldout.part``: ``eval.held_out``, the part of the split held out (``test`` reports, ``val``
+  tunes); with ``--set eval.every=N``, ``learn.heldout.checks``: ``[update, success]`` on it every N updates
+  (one seed, the training protocol; JSON only) — the curve a number of updates is chosen from on ``val``;
 - ``learn.curve``: ``[update, cumulative RL minutes, training-batch success]`` per update (JSON only);
 - ``learn.programs.<stage>.compiled`` / ``.cached`` / ``.compile_s`` / ``.other`` / ``.bound``: XLA programs
   each stage (sft, eval, collect, update) compiled, against its bound (:mod:`retrojax.programs`);
@@ -163,6 +166,16 @@ def figures_from_summary(summary: dict[str, Any], wall_s: float, protocol: str =
     return out
 
 
+def held_out_checks(metrics_path: Path) -> list[list[float]]:
+    """``eval.every``'s held-out checks during RL as ``[update, success]`` pairs (one seed, the training
+    protocol): the curve a number of updates is chosen from on ``eval.held_out=val``."""
+    if not metrics_path.exists():
+        return []
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    return [[int(r["iteration"]), float(r["eval/success"])] for r in rows
+            if "eval/success" in r and "iteration" in r]
+
+
 def recipe_sets(recipe: str) -> list[str]:
     """The bench's sets for a named recipe, before ``--quick`` and the user's own sets."""
     if recipe not in RECIPES:
@@ -188,6 +201,10 @@ def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "
     summary = json.loads((out / "summary.json").read_text())
     figures = figures_from_summary(summary, wall)
     figures["learn.recipe"] = recipe
+    figures["learn.heldout.part"] = cfg.eval.held_out
+    checks = held_out_checks(out / "rl" / "metrics.jsonl")
+    if checks:
+        figures["learn.heldout.checks"] = checks
     figures["learn.report"] = str(out / "report.md")
     return figures
 
