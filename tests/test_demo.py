@@ -66,17 +66,36 @@ def test_commands_refuse_settings_they_cannot_use_before_any_stage(monkeypatch, 
         assert bad_train.split("=")[0] in capsys.readouterr().err
 
 
+def test_the_demo_command_runs_the_demo_stack_on_its_config(monkeypatch, tmp_path, capsys):
+    """``retrojax demo`` hands demo.run the config with the user's sets and prints where the report is (the
+    stack itself runs below)."""
+    from retrojax import demo
+
+    seen = []
+    monkeypatch.setattr(demo, "run", lambda cfg: seen.append(cfg) or tmp_path / "report.md")
+    assert cli.main(["demo", "--set", f"run.out_dir={tmp_path}", "--set", "sft.steps=7"]) == 0
+    assert len(seen) == 1 and seen[0].sft.steps == 7 and seen[0].run.out_dir == str(tmp_path)
+    assert seen[0].env.split == config.load("configs/demo.yaml").env.split
+    assert f"[demo] report: {tmp_path / 'report.md'}" in capsys.readouterr().out
+
+
 @pytest.mark.slow
-def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
-    out = tmp_path / "demo"
+def test_shrunk_demo_runs_every_stage_and_bench_learn_writes_every_key(tmp_path):
+    """The demo stack through ``retrojax bench learn --quick`` (one run serves both: the bench is the demo
+    stack plus its figures): every stage's outputs, and every key the learn bench documents. It holds out
+    the split's val part with a check after the update (``eval.held_out``, ``eval.every``); the default,
+    test, is the rest of this file's and the notebooks' part."""
+    from test_bench_quick import KEYS, quick
+
     # the stop rule's pool check plays the RL pool through the real sampler after SFT steps 1 and 2
     stop = ["sft.stop_at_success=1.0", "sft.stop_at_levels=1.0", "sft.check_from=1", "sft.check_every=1"]
-    args = ["demo", "--set", f"run.out_dir={out}"]
-    for s in [*SHRUNK, *stop]:
-        args += ["--set", s]
-    assert cli.main(args) == 0
-    printed = capsys.readouterr().out.strip().splitlines()
-    assert any(str(out / "report.md") in line for line in printed[-3:])
+    out = tmp_path / "demo"
+    sets = [*SHRUNK, *stop, "eval.protocols=[P@1,T@1,T@3]", "eval.seeds=1", "eval.held_out=val", "eval.every=1",
+            "learn.updates=2", f"run.out_dir={out}"]  # two updates: the bench's first and last windows
+    figures = quick("learn", tmp_path, *[a for s in sets for a in ("--set", s)])
+    assert figures["learn.report"] == str(out / "report.md")
+    assert [k for k in KEYS["learn"] if k not in figures] == []
+    assert figures["learn.heldout.part"] == "val" and [u for u, _ in figures["learn.heldout.checks"]] == [1, 2]
 
     summary = json.loads((out / "summary.json").read_text())
     for policy in ("SFT", "RL"):
@@ -91,7 +110,7 @@ def test_shrunk_demo_runs_every_stage(tmp_path, capsys):
     assert all(0.0 <= v <= n <= 1.0 for _, v, n in checks)  # a trial solved means its level solved
     assert (steps == 3) == all(v < 1.0 for _, v, _ in checks)
     assert summary["demonstrations"]["recovery"]["trials"] == 6
-    assert len(summary["curve"]) == 1 and 0.0 <= summary["curve"][0]["success"] <= 1.0
+    assert len(summary["curve"]) == 2 and all(0.0 <= p["success"] <= 1.0 for p in summary["curve"])
     # the final policy replayed update 1's 9 trials (the first window); "first" is their outcome in training
     replay = summary["replay_first_window"]
     assert replay["trials"] == 9 and replay["first"] == pytest.approx(summary["curve"][0]["success"])

@@ -4,6 +4,7 @@ HF + PEFT's greedy tokens."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import jax
@@ -12,11 +13,13 @@ import numpy as np
 import pytest
 from hf_fixtures import make_tiny_hf_checkpoint
 
-pytest.importorskip("peft")
+from retrojax.model.checkpoint import from_pretrained
+from retrojax.model.lora import apply_lora, for_decoding, is_lora, merge_lora
+from retrojax.model.peft import AdapterError, load_peft_adapter, save_peft_adapter, save_policy
 
-from retrojax.model.checkpoint import from_pretrained  # noqa: E402
-from retrojax.model.lora import apply_lora, for_decoding, is_lora, merge_lora  # noqa: E402
-from retrojax.model.peft import AdapterError, load_peft_adapter, save_peft_adapter, save_policy  # noqa: E402
+# skipped without peft, found without importing it: peft pulls in torch and transformers (~6 s), which every
+# test worker would otherwise pay while collecting the suite
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
 
 IDS = np.random.default_rng(3).integers(0, 1000, (2, 11)).astype(np.int32)
 

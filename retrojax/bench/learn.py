@@ -189,7 +189,9 @@ def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "
     from retrojax import config as config_lib
     from retrojax import demo
 
-    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="retrojax-bench-learn-"))
+    # the run's outputs: out_dir, else the user's --set run.out_dir, else a new temporary directory
+    user_out = next((s.split("=", 1)[1] for s in reversed(overrides) if s.startswith("run.out_dir=")), None)
+    out = Path(out_dir or user_out or tempfile.mkdtemp(prefix="retrojax-bench-learn-"))
     sets = [*recipe_sets(recipe), *(QUICK if quick else []), *overrides, f"run.out_dir={out}"]
     cfg = config_lib.load(config, sets)
     require_updates(cfg)
