@@ -86,7 +86,7 @@ def numbers(value: Any) -> list[float]:
     return [x for item in value for x in numbers(item)]
 
 
-# learn: tests/test_demo.py, whose shrunk demo runs through `bench learn --quick` (one run of the stack for both)
+# learn: in tests/test_demo.py, whose shrunk demo runs through `bench learn --quick` (one run, both checks)
 @pytest.mark.parametrize("target", [t for t in KEYS if t not in ("textworlds", "learn")])
 def test_quick_run_writes_every_documented_key(target, tmp_path):
     figures = quick(target, tmp_path)

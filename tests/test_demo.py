@@ -90,12 +90,13 @@ def test_shrunk_demo_runs_every_stage_and_bench_learn_writes_every_key(tmp_path)
     # the stop rule's pool check plays the RL pool through the real sampler after SFT steps 1 and 2
     stop = ["sft.stop_at_success=1.0", "sft.stop_at_levels=1.0", "sft.check_from=1", "sft.check_every=1"]
     out = tmp_path / "demo"
-    sets = [*SHRUNK, *stop, "eval.protocols=[P@1,T@1,T@3]", "eval.seeds=1", "eval.held_out=val", "eval.every=1",
-            "learn.updates=2", f"run.out_dir={out}"]  # two updates: the bench's first and last windows
+    sets = [*SHRUNK, *stop, "eval.protocols=[P@1,T@1,T@3]", "eval.seeds=1", "eval.held_out=val",
+            "eval.every=1", "learn.updates=2", f"run.out_dir={out}"]  # two updates: the bench's two windows
     figures = quick("learn", tmp_path, *[a for s in sets for a in ("--set", s)])
     assert figures["learn.report"] == str(out / "report.md")
     assert [k for k in KEYS["learn"] if k not in figures] == []
-    assert figures["learn.heldout.part"] == "val" and [u for u, _ in figures["learn.heldout.checks"]] == [1, 2]
+    assert figures["learn.heldout.part"] == "val"
+    assert [u for u, _ in figures["learn.heldout.checks"]] == [1, 2]
 
     summary = json.loads((out / "summary.json").read_text())
     for policy in ("SFT", "RL"):
