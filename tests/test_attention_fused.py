@@ -103,6 +103,16 @@ def test_prefill_decode_fused_and_layer_scan_match_default():
             np.testing.assert_allclose(lp, lp0, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["gpu", "tpu"])
+def test_auto_selects_the_fused_attention_and_the_kernels_on_accelerators(monkeypatch, backend):
+    """On GPU/TPU, ``model.attention: auto`` runs jax.nn.dot_product_attention for rows and the dense cache
+    and the Pallas kernels for forests and the page pool; the decode scans stacked weights (no copies)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    paths = ("rows", "forest", "cache", "paged_decode", "paged_prefill")
+    assert [attention_kind("auto", p) for p in paths] == ["fused", "pallas", "fused", "pallas", "pallas"]
+    assert use_layer_copies("auto") is False
+
+
 def test_settings_resolve_and_admission_drops_copies():
     assert [attention_kind("auto", p) for p in ("rows", "forest", "cache")] == ["xla"] * 3  # this CPU
     assert [attention_kind("pallas", p) for p in ("rows", "forest", "cache")] == ["pallas", "pallas", "fused"]
