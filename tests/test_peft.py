@@ -4,7 +4,6 @@ HF + PEFT's greedy tokens."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import jax
@@ -17,9 +16,8 @@ from retrojax.model.checkpoint import from_pretrained
 from retrojax.model.lora import apply_lora, for_decoding, is_lora, merge_lora
 from retrojax.model.peft import AdapterError, load_peft_adapter, save_peft_adapter, save_policy
 
-# skipped without peft, found without importing it: peft pulls in torch and transformers (~6 s), which every
-# test worker would otherwise pay while collecting the suite
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
+# peft (a declared test dependency) is imported inside the tests, not here: it pulls in torch and
+# transformers (~6 s), which every test worker would otherwise pay while collecting the suite
 
 IDS = np.random.default_rng(3).integers(0, 1000, (2, 11)).astype(np.int32)
 
