@@ -83,8 +83,8 @@ def test_the_demo_command_runs_the_demo_stack_on_its_config(monkeypatch, tmp_pat
 def test_shrunk_demo_runs_every_stage_and_bench_learn_writes_every_key(tmp_path):
     """The demo stack through ``retrojax bench learn --quick`` (one run serves both: the bench is the demo
     stack plus its figures): every stage's outputs, and every key the learn bench documents. It holds out
-    the split's val part with a check after the update (``eval.held_out``, ``eval.every``); the default,
-    test, is the rest of this file's and the notebooks' part."""
+    the split's val part with a check after each update (``eval.held_out``, ``eval.every``): the tuning path;
+    the default part, test, is the same code with another part name."""
     from test_bench_quick import KEYS, quick
 
     # the stop rule's pool check plays the RL pool through the real sampler after SFT steps 1 and 2
