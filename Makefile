@@ -19,11 +19,15 @@ TEST_DURATIONS ?= 20
 # RETROJAX_COMPILE_CACHE): a fresh clone starts cold, a rerun of `make test` reuses what the first compiled.
 # `make test TEST_COMPILE_CACHE=` runs without it.
 TEST_COMPILE_CACHE ?= $(CURDIR)/$(VENV)/jax-cache
-# The suite compiles hundreds of small XLA programs and runs each a few times, so LLVM's optimisation passes
-# are much of its time: at level 0 four compile-heavy test files took 4m39s against 5m24s (2026-12-06, a
-# 2-core AMD EPYC CPU, one core each). Programs compute the same operations, only less optimised. `make test TEST_XLA_FLAGS=` runs
-# with XLA's default.
-TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0
+# The suite compiles hundreds of small XLA programs and runs each a few times, so compiling is most of its
+# time (backend compile 974 s of the suite's 1,155 in-process CPU s, 2026-12-07, 31e31d6, a 2-core x86 CPU).
+# Level 0 skips LLVM's optimisation passes (four compile-heavy files 5m24s -> 4m39s, 2026-12-06, a 2-core AMD
+# EPYC CPU); the legacy loop emitters instead of XLA:CPU's MLIR fusion emitters compile the same fusions
+# about three times faster (`test_model_qwen3.py` + `test_learner_learns.py`: backend compile 45.4 -> 15.3 s,
+# 59 -> 30 s user; the whole suite 1,277 -> 947 s user, 2026-12-07, 31e31d6, a 2-core x86 CPU; jaxlib 0.10.2,
+# the pinned one, knows the flag). Programs compute the same operations; reductions may sum in another order
+# (float32 differences of ~1e-6 relative). `make test TEST_XLA_FLAGS=` runs with XLA's default.
+TEST_XLA_FLAGS ?= --xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false
 # Python's bytecode cache stays on for every process a run starts (an environment may set
 # PYTHONDONTWRITEBYTECODE): the suite starts dozens of processes (workers, CLI subprocesses, servers, notebook
 # kernels), and without cached bytecode each one compiled the source of jax, flax, transformers and retrojax

@@ -223,7 +223,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 def test_sharded_logits_match_on_four_host_devices(ckpts, tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED_SCRIPT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"  # keeps the suite's
+    env = {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
     proc = subprocess.run([sys.executable, str(script), str(ckpts["untied-gqa2-v5-sharded"])], env=env,

@@ -133,8 +133,9 @@ def test_eight_devices_match_one_device():
     assert r["init_equal"] == 0.0  # created directly sharded: the same draw as on one device
     assert r["logits"] <= 1e-5
     # relative, float32 sums in another order: before and after the flattened projections the loss
-    # differences measured 6.8e-7 / 2.3e-6 and those of the three steps up to 2.5e-6
-    assert r["loss"] <= 1e-5 and r["grads"] <= 1e-6
+    # differences measured 6.8e-7 / 2.3e-6 and those of the three steps up to 2.5e-6; the gradients' 1.5e-6
+    # with XLA:CPU's loop emitters (`make test`'s --xla_cpu_use_fusion_emitters=false), below 1e-6 without
+    assert r["loss"] <= 1e-5 and r["grads"] <= 5e-6
     assert r["step"] <= 1e-6  # params after one step, relative
     assert max(r["loss0"], r["loss1"], r["loss2"]) <= 1e-5  # the losses of three steps
     assert r["traces"] == 2  # two bucket shapes over three steps
