@@ -5,7 +5,6 @@ bf16 error on the same inputs, plus 1e-2 (measured: ~0.02 absolute for logits of
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from safetensors import safe_open
 
 from retrojax.model import CheckpointError, Qwen3Config, from_pretrained, save_pretrained
 from retrojax.model.checkpoint import write_safetensors
+from retrojax.parallel.testing import simulated_env
 
 CONFIGS = {
     # tied, kv ratio 1, rope 1e6, transformers-4 config layout
@@ -223,10 +223,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 def test_sharded_logits_match_on_four_host_devices(ckpts, tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(_SHARDED_SCRIPT)
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4"  # keeps the suite's
-    env = {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
+    env = simulated_env(4)  # the suite's XLA flags kept, four host devices, the repo importable
     root = Path(__file__).resolve().parents[1]
-    env["PYTHONPATH"] = f"{root}{os.pathsep}{env.get('PYTHONPATH', '')}"
     proc = subprocess.run([sys.executable, str(script), str(ckpts["untied-gqa2-v5-sharded"])], env=env,
                           capture_output=True, text=True, timeout=300, cwd=root)
     assert proc.returncode == 0 and "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
