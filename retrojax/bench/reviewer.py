@@ -44,10 +44,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -58,17 +59,6 @@ from retrojax.eval.metrics import Z95
 
 AUX = ("review", "coarse", "fine", "patch")
 
-# Laid over configs/demo.yaml. Ours, for this bench: B_agent = 10 agent replies (the demo's 8 calls plus
-# room for one recovery); auxiliary prompts within 640 tokens of the demo tokenizer and SFT sequences of 1024,
-# so the longest review prompt with its reply is trained, never dropped; reply limits above the longest
-# demonstrated reply of each role (a cut reply does not parse); the sampler's rows long enough for the agent's
-# context and for the longest auxiliary call.
-BENCH = [
-    "rir.agent_budget=10", "rir.prompt_budget=640", "rir.max_review_tokens=128", "rir.max_select_tokens=48",
-    "rir.max_patch_tokens=160", "sampler.max_reflection_tokens=160", "sampler.max_len=1536",
-    "sampler.chunk_buckets=[64,256]", "sampler.max_inflight=32", "sft.seq_len=1024",
-    "learn.seq_buckets=[512,1024]", "sft.steps=300", "trial.prompt_style=compact",
-]
 # --quick: the whole path at tiny sizes (one SFT bucket, one prefill bucket, short replies, 4 agent replies,
 # a review after the first 2)
 QUICK = [
@@ -85,11 +75,13 @@ class Sizes:
     rate of the visible oracle, held-out levels, seeds and the evaluated variants."""
 
     def __init__(self, quick: bool):
-        self.episodes = 4 if quick else 160
-        self.corpus_episodes = 4 if quick else 48  # byte-level pass whose text trains the tokenizer
-        self.epsilon = 0.4
         self.demo_protocols = ("RIR", "RIR/react") if quick else (
             "RIR", "RIR/react", "RIR/no-rollback", "RIR/restart")
+        # per protocol; RIR weighed up: only its trials make coarse and fine calls (one of each per rollback)
+        self.episodes = dict.fromkeys(self.demo_protocols, 4) if quick else {
+            "RIR": 480, "RIR/react": 80, "RIR/no-rollback": 80, "RIR/restart": 80}
+        self.corpus_episodes = 4 if quick else 48  # byte-level pass whose text trains the tokenizer
+        self.epsilon = 0.4
         self.levels = 2 if quick else 16
         self.seeds = 1
         full = ("RIR/react", "RIR", "RIR/no-rollback", "RIR/restart")
@@ -106,6 +98,7 @@ class OracleCheck:
         # per review: (the oracle says rollback, the model says rollback; None when its verdict is unread)
         self.reviews: list[tuple[bool, bool | None]] = []
         self.fine: dict[int, list[int]] = defaultdict(list)  # trial → the oracle's restore points
+        self.problems: dict[str, Counter[str]] = defaultdict(Counter)  # role → why its replies fell back
 
     @property
     def tokenizer(self) -> Any:
@@ -122,7 +115,7 @@ class OracleCheck:
 
     def generate(self, requests: Sequence[Any]) -> list[Any]:
         from retrojax.agent.rir import replies
-        from retrojax.agent.rir.controller import FINE, REVIEW
+        from retrojax.agent.rir.controller import COARSE, FINE, PATCH, REVIEW
         from retrojax.agent.rir.policies import visible_restore, visible_trouble
 
         gens = self.inner.generate(requests)
@@ -132,9 +125,24 @@ class OracleCheck:
                 review = replies.parse_review(gen.text)
                 said = review.verdict == replies.ROLLBACK if review.verdict_read else None
                 self.reviews.append((bool(visible_trouble(v)), said))
+                self._tally(v.kind, review.problems)
+            elif v.kind == COARSE:
+                self._tally(v.kind, replies.parse_range(gen.text, v.checkpoint).problems)
             elif v.kind == FINE:
                 self.fine[req.trial].append(visible_restore(v))
+                self._tally(v.kind, replies.parse_restore(gen.text, v.candidates).problems)
+            elif v.kind == PATCH:
+                self._tally(v.kind, replies.parse_patch(gen.text).problems)
         return gens
+
+    def _tally(self, role: str, problems: Sequence[str]) -> None:
+        # the reason without the reply's own text or numbers, so like failures count together
+        for why in problems:
+            self.problems[role][re.sub(r"\d+|'.*'|\".*\"", "#", why.split(";")[0])] += 1
+
+    def problem_summary(self, role: str, top: int = 3) -> str:
+        """The most frequent reasons ``role``'s replies fell back, with counts ("" when none did)."""
+        return "; ".join(f"{why} ×{n}" for why, n in self.problems[role].most_common(top))
 
 
 def clustered_difference(a: dict[tuple[int, int, int], float], b: dict[tuple[int, int, int], float],
@@ -246,6 +254,9 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
     for r in AUX:
         figures[f"reviewer.parse.{r}"] = 1.0 - failed[r] / calls[r] if calls[r] else 0.0
         figures[f"reviewer.calls.{r}"] = int(calls[r])
+    for r in AUX:
+        if policy.problems[r]:
+            figures[f"reviewer.problems.{r}"] = policy.problem_summary(r)
     fallbacks = sum(res["verdict_fallbacks_total"] for res in results.values())
     figures["reviewer.verdict_read"] = 1.0 - fallbacks / calls["review"] if calls["review"] else 0.0
     rir = [r for r in batch.records if r.protocol == "RIR"]
@@ -286,19 +297,20 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
     return figures
 
 
-def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/demo.yaml",
+def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/rir_reviewer.yaml",
         overrides: Sequence[str] = (), sizes: Sizes | None = None) -> dict[str, Any]:
     """Train the policy and evaluate it; returns the figures (see the module docstring)."""
     from retrojax import config as config_lib
 
     sizes = sizes or Sizes(quick)
     out = Path(tempfile.mkdtemp(prefix="retrojax-bench-reviewer-"))
-    cfg = config_lib.load(config, [*BENCH, *(QUICK if quick else []), *overrides, f"run.out_dir={out}"])
+    cfg = config_lib.load(config, [*(QUICK if quick else []), *overrides, f"run.out_dir={out}"])
     t0 = time.perf_counter()
     model, tokenizer, figures = train_policy(cfg, sizes, out, log)
     figures.update(evaluate(cfg, model, tokenizer, sizes, log))
     figures["reviewer.wall_s"] = time.perf_counter() - t0
-    figures["reviewer.demo_episodes"] = sizes.episodes
+    for protocol, n in sizes.episodes.items():
+        figures[f"reviewer.demo_episodes.{protocol.replace('RIR/', '')}"] = int(n)
     figures["reviewer.protocols"] = ",".join(sizes.protocols)
     return figures
 

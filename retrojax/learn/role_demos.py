@@ -15,7 +15,7 @@ demonstrations with :meth:`Archive.extend`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,29 +35,37 @@ def run_role_demonstrations(
     env: Any,
     tokenizer: Any,
     *,
-    episodes: int,
+    episodes: int | Mapping[str, int],
     epsilon: float,
     levels: Sequence[int] | None = None,
     protocols: Sequence[str] = ("RIR",),
     first_trial: int = 0,
     batch: int = 64,
 ) -> tuple[Archive, dict[str, Any]]:
-    """``episodes`` RIR trials per protocol of the visible oracle (random moves w.p. ``epsilon``) on
-    ``levels`` (default: every level of ``env``), in groups of ``batch`` trials. ``tokenizer`` None records
-    byte-level ids. Returns the archive (trial ids from ``first_trial``) and per-role figures."""
+    """``episodes`` RIR trials of the visible oracle (random moves w.p. ``epsilon``) per protocol — one
+    count for every protocol, or a count per protocol (``{"RIR": 480, "RIR/react": 80}``: only RIR itself
+    makes coarse and fine calls, so a corpus that must teach them weighs RIR up) — on ``levels`` (default:
+    every level of ``env``), in groups of ``batch`` trials. ``tokenizer`` None records byte-level ids.
+    Returns the archive (trial ids from ``first_trial``) and per-role figures."""
     levels = list(range(env.num_tasks)) if levels is None else list(levels)
-    if episodes < 1 or not levels:
-        raise ValueError(f"need at least one episode and one level, got {episodes} and {len(levels)}")
+    counts = dict(episodes) if isinstance(episodes, Mapping) else {p: episodes for p in protocols}
+    missing = [p for p in protocols if p not in counts]
+    if missing:
+        raise ValueError(f"no episode count for protocol(s) {missing}")
+    if any(counts[p] < 1 for p in protocols) or not protocols or not levels:
+        raise ValueError(f"need at least one episode per protocol and one level, got {counts} and "
+                         f"{len(levels)} levels")
+    # interleaved by episode index (protocol order within), so every prefix of the list mixes the protocols
+    order = [(i, p) for i in range(max(counts[p] for p in protocols)) for p in protocols if i < counts[p]]
     specs = [
         TrialSpec(
-            trial=first_trial + i * len(protocols) + k,
+            trial=first_trial + n,
             task=int(levels[i % len(levels)]),
             seed=int(cfg.run.seed),
             replicate=i,  # the oracle's random stream differs between repeats of a level
             protocol=p,
         )
-        for i in range(episodes)
-        for k, p in enumerate(protocols)
+        for n, (i, p) in enumerate(order)
     ]
     runner = RIRRunner(cfg, env, RIRVisibleOracle(epsilon, stall=int(cfg.rir.oracle_stall)),
                        tokenizer=tokenizer, record_tokens=True)
