@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--tasks", type=int, default=64, help="training levels in the batch (default 64)")
             p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                            help="override a field of configs/demo.yaml (repeatable)")
+        if name == "reviewer":
+            p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                           help="override a field of configs/rir_reviewer.yaml (repeatable)")
+            p.add_argument("--baselines", action="store_true",
+                           help="also demonstrate and evaluate the RIR paper's baselines (Self-Refine, "
+                                "Reflexion, LATS, GA-Rollback) with the trained policy in their roles")
         if name == "learn":
             p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                            help="override a field of configs/demo.yaml (repeatable)")

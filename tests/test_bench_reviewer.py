@@ -21,12 +21,17 @@ KEYS = [
     "reviewer.restore_precision", "reviewer.review_agreement",
     "reviewer.wall_s", "reviewer.demos_s", "reviewer.sft_s", "reviewer.eval_s",
     "reviewer.success.RIR", "reviewer.success.react", "reviewer.tokens_per_trial.RIR",
+    # --baselines: the paper's baselines demonstrated and run with the same policy in their roles
+    *(f"reviewer.parse.{r}" for r in ("critique", "reflect", "value", "assist")),
+    *(f"reviewer.rir_minus_{b}" for b in ("self-refine", "reflexion", "lats", "ga-rollback")),
+    *(f"reviewer.demo.targets.{r}" for r in ("review", "critique", "value", "assist")),
+    "reviewer.aux_calls_per_trial.lats", "reviewer.rollbacks_per_trial.ga-rollback",
 ]
 
 
 def test_quick_run_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "reviewer.json"
-    assert cli.main(["bench", "reviewer", "--quick", "--json", str(out)]) == 0
+    assert cli.main(["bench", "reviewer", "--quick", "--baselines", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     missing = [k for k in KEYS if k not in figures]
     assert not missing, missing

@@ -77,6 +77,24 @@ def test_visible_oracle_labels_follow_from_the_prompt_alone():
     assert runs[0] == runs[1] and any(x["role"] == "review" for x in runs[0])
 
 
+BASELINES = ["RIR/self-refine", "RIR/reflexion", "RIR/lats", "RIR/ga-rollback"]
+
+
+def test_visible_oracle_labels_the_baselines_roles_from_the_prompt_alone():
+    """Every baseline's roles (critique, reflect, value, assist) labelled by the visible oracle: the same
+    transcript with the world's hidden figures scrambled, and role demonstrations of each baseline."""
+    s = Settings(agent_budget=16)
+    world = lambda: LineWorld(length=5, tasks=3)  # noqa: E731
+    plain = _transcript(world(), RIRVisibleOracle(0.4), s, BASELINES, range(3), (0, 1))
+    hidden = _transcript(Scrambled(world()), RIRVisibleOracle(0.4), s, BASELINES, range(3), (0, 1))
+    assert plain == hidden
+    assert {"critique", "reflect", "value", "assist"} <= {x["role"] for x in plain}
+    archive, stats = run_role_demonstrations(CFG, world(), None, episodes={p: 3 for p in BASELINES},
+                                             epsilon=0.4, protocols=BASELINES)
+    assert {"critique", "reflect", "value", "assist"} <= set(stats["calls"])
+    assert stats["trials"] == 12 and len({c.trial for c in archive.calls}) == 12
+
+
 def test_the_warm_start_packing_trains_every_role_reply():
     tok = ByteChatTokenizer()
     archive, _ = run_role_demonstrations(CFG, LineWorld(length=6, tasks=3), None, episodes=6, epsilon=0.4)

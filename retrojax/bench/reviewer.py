@@ -58,6 +58,8 @@ import numpy as np
 from retrojax.eval.metrics import Z95
 
 AUX = ("review", "coarse", "fine", "patch")
+BASELINE_AUX = ("critique", "reflect", "value", "assist")  # the baselines' roles (Self-Refine's refine is the
+BASELINES = ("RIR/self-refine", "RIR/reflexion", "RIR/lats", "RIR/ga-rollback")  # agent's own reply)
 
 # --quick: the whole path at tiny sizes (one SFT bucket, one prefill bucket, short replies, 4 agent replies,
 # a review after the first 2)
@@ -72,9 +74,11 @@ QUICK = [
 
 class Sizes:
     """The bench's counts (not config fields): role-demonstration episodes per protocol, the random-move
-    rate of the visible oracle, held-out levels, seeds and the evaluated variants."""
+    rate of the visible oracle, held-out levels, seeds and the evaluated variants. With ``baselines`` the
+    RIR paper's baselines are demonstrated (their roles: critique, reflect, value, assist) and evaluated
+    too."""
 
-    def __init__(self, quick: bool):
+    def __init__(self, quick: bool, baselines: bool = False):
         self.demo_protocols = ("RIR", "RIR/react") if quick else (
             "RIR", "RIR/react", "RIR/no-rollback", "RIR/restart")
         # per protocol; RIR weighed up: only its trials make coarse and fine calls (one of each per rollback)
@@ -82,10 +86,18 @@ class Sizes:
             "RIR": 480, "RIR/react": 80, "RIR/no-rollback": 80, "RIR/restart": 80}
         self.corpus_episodes = 4 if quick else 48  # byte-level pass whose text trains the tokenizer
         self.epsilon = 0.4
-        self.levels = 2 if quick else 16
+        self.levels = 2 if quick else 64
         self.seeds = 1
         full = ("RIR/react", "RIR", "RIR/no-rollback", "RIR/restart")
         self.protocols = full[:2] if quick else full
+        if baselines:
+            # sized for a few hundred calls of each baseline role (per 32 episodes on sokoban-5x5-1: 135
+            # critiques, 28 reflections, 166 values, 113 checks)
+            extra = dict.fromkeys(BASELINES, 2) if quick else {
+                "RIR/self-refine": 64, "RIR/reflexion": 128, "RIR/lats": 48, "RIR/ga-rollback": 96}
+            self.demo_protocols += BASELINES
+            self.episodes |= extra
+            self.protocols += BASELINES
 
 
 class OracleCheck:
@@ -202,7 +214,7 @@ def train_policy(cfg: Any, sizes: Sizes, out: Path, log: Callable[[str], None]) 
     figures["reviewer.demo.oracle_success"] = float(stats.get("success", 0.0))
     for role, n in stats["targets"].items():
         figures[f"reviewer.demo.targets.{role}"] = int(n)
-    for role in ("execution", *AUX):
+    for role in ("execution", *AUX, *BASELINE_AUX):
         calls = [c for c in demos.calls if c.role == role]
         if calls:
             figures[f"reviewer.longest.{role}.prompt"] = max(len(c.prompt_ids) for c in calls)
@@ -249,9 +261,10 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
     figures: dict[str, Any] = {"reviewer.eval_s": time.perf_counter() - t0,
                                "reviewer.levels": len(levels), "reviewer.seeds": sizes.seeds}
     results = summarize(batch.records)
-    calls = {r: sum(res["aux_calls_by_role_total"][r] for res in results.values()) for r in AUX}
-    failed = {r: sum(res["parse_failures_by_role"][r] for res in results.values()) for r in AUX}
-    for r in AUX:
+    roles = AUX + (BASELINE_AUX if any(p in BASELINES for p in sizes.protocols) else ())
+    calls = {r: sum(res["aux_calls_by_role_total"][r] for res in results.values()) for r in roles}
+    failed = {r: sum(res["parse_failures_by_role"][r] for res in results.values()) for r in roles}
+    for r in roles:
         figures[f"reviewer.parse.{r}"] = 1.0 - failed[r] / calls[r] if calls[r] else 0.0
         figures[f"reviewer.calls.{r}"] = int(calls[r])
     for r in AUX:
@@ -267,6 +280,8 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
         figures[f"reviewer.success.{key}"] = float(res["success"])
         figures[f"reviewer.success.{key}.ci95_lo"], figures[f"reviewer.success.{key}.ci95_hi"] = res["ci95"]
         figures[f"reviewer.invalid_per_trial.{key}"] = float(res["invalid_turns"])
+        figures[f"reviewer.aux_calls_per_trial.{key}"] = float(res["aux_calls"])
+        figures[f"reviewer.rollbacks_per_trial.{key}"] = float(res["rollbacks"])
     for other in sizes.protocols:
         if other == "RIR":
             continue
@@ -298,11 +313,11 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
 
 
 def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/rir_reviewer.yaml",
-        overrides: Sequence[str] = (), sizes: Sizes | None = None) -> dict[str, Any]:
+        overrides: Sequence[str] = (), sizes: Sizes | None = None, baselines: bool = False) -> dict[str, Any]:
     """Train the policy and evaluate it; returns the figures (see the module docstring)."""
     from retrojax import config as config_lib
 
-    sizes = sizes or Sizes(quick)
+    sizes = sizes or Sizes(quick, baselines)
     out = Path(tempfile.mkdtemp(prefix="retrojax-bench-reviewer-"))
     cfg = config_lib.load(config, [*(QUICK if quick else []), *overrides, f"run.out_dir={out}"])
     t0 = time.perf_counter()
@@ -322,7 +337,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         figures = run(quick=bool(args.quick), log=lambda line: print(line, file=sys.stderr),
-                      overrides=list(getattr(args, "overrides", None) or []))
+                      overrides=list(getattr(args, "overrides", None) or []),
+                      baselines=bool(getattr(args, "baselines", False)))
     except (ConfigError, ValueError) as e:
         print(f"retrojax bench reviewer: {e}", file=sys.stderr)
         return 2

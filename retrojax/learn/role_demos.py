@@ -84,7 +84,7 @@ def role_stats(archive: Archive, records: Sequence[Any] = ()) -> dict[str, Any]:
     verdicts = Counter(parse_review(c.output_text).verdict for c in archive.calls if c.role == "review")
     out: dict[str, Any] = {
         "calls": {r: calls.get(r, 0) for r in (*ROLES, *AUX_ROLES[4:]) if calls.get(r, 0)},
-        "targets": {r: taught.get(r, 0) for r in ROLES if calls.get(r, 0)},
+        "targets": {r: taught.get(r, 0) for r in (*ROLES, *AUX_ROLES[4:]) if calls.get(r, 0)},
         "review_verdicts": dict(verdicts),
     }
     if records:

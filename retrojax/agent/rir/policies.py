@@ -292,7 +292,9 @@ class RIRVisibleOracle(RIROraclePolicy):
       lost score the latest checkpoint with the best visible score; the coarse range is ``[r, t]`` and the
       fine choice ``r`` (the latest admissible candidate when ``r`` is not among them);
     - the patcher: the best visible checkpoint past ``r`` as a milestone, the diagnosis and the abandoned
-      moves as the failure, the kind of trouble as the pattern.
+      moves as the failure, the kind of trouble as the pattern;
+    - the baselines' roles (Self-Refine's critic, Reflexion's and LATS's reflections, LATS's values,
+      GA-Rollback's stepwise check) by the same rules: see :meth:`_visible_baseline`.
     """
 
     def _regret(self, v: RIRView) -> str:
@@ -319,9 +321,37 @@ class RIRVisibleOracle(RIROraclePolicy):
                 out.append(Generation(replies.write_restore(r, 1.0, _WHY.get(_kind(v), _WHY[""]))))
             elif v.kind == PATCH:
                 out.append(Generation(self._visible_patch(v)))
+            elif v.kind in (CRITIQUE, REFLECT, VALUE, ASSIST):
+                out.append(Generation(self._visible_baseline(v, expert.get(req.trial))))
             else:
-                raise ValueError(f"the visible oracle labels RIR's roles only, not {v.kind!r}")
+                raise ValueError(f"the visible oracle has no label for the role {v.kind!r}")
         return out
+
+    def _visible_baseline(self, v: RIRView, expert: str | None) -> str:
+        """The baselines' roles from what their prompts show: the critic keeps the proposal exactly when it
+        is the move the board shows (the agent's own rule); a value is 0 after a failure, 0.25 in a cycle,
+        else 0.5 moved by the sign of the last change of the visible score; a reflection or a rollback
+        check names the visible trouble and the move to avoid at its restore point."""
+        t = v.checkpoint
+        if v.kind == CRITIQUE:
+            if expert is None or self.env.parse_action(expert).text == v.proposal:
+                return B.write_critique(B.KEEP, "the action follows the plan")
+            return B.write_critique(B.REVISE, f"avoid '{v.proposal}' at C_{t}: it does not follow the plan")
+        kind = _kind(v)
+        if v.kind == VALUE:
+            if kind in ("failure", "cycle"):
+                return B.write_value(0.0 if kind == "failure" else 0.25)
+            last = v.shown[-2:] if t > 0 else ()
+            step = last[1] - last[0] if len(last) == 2 and None not in last else 0.0
+            return B.write_value(0.5 + 0.5 * float(np.sign(step)))
+        trouble, r = visible_trouble(v), visible_restore(v)
+        lesson = f"avoid '{v.path[r]}' at C_{r}" if trouble and r < t else ""
+        if v.kind == REFLECT:
+            return B.write_reflection(f"{lesson}: {trouble}" if lesson else
+                                      "the attempt ran out of replies; keep to the plan")
+        if lesson:
+            return B.write_assist(replies.ROLLBACK, r, f"{lesson}: {trouble}")
+        return B.write_assist(replies.CONTINUE)
 
     def _visible_review(self, v: RIRView) -> str:
         trouble = visible_trouble(v)
