@@ -327,12 +327,20 @@ class ApiConfig:
     retries: int = 3  # extra attempts after a 429 / 5xx / timeout / dropped connection / malformed reply
     backoff_s: float = 0.5  # first retry delay, doubled each time
     backoff_max_s: float = 8.0  # cap on one delay (also on a server's Retry-After)
+    # a local copy of the served model's tokenizer (a directory): prompts are tokenized with it, so RIR's
+    # auxiliary budgets (rir.prompt_budget) count its tokens as a local run does; None: ⌈UTF-8 bytes / 3⌉
+    tokenizer: str | None = None
     execution: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
     reflection: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
     review: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
     coarse: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
     fine: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
     patch: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    # the RIR paper's baselines' auxiliary kinds (Self-Refine's refine is an action turn: the default's)
+    critique: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    reflect: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    value: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
+    assist: ApiCallConfig = dataclasses.field(default_factory=ApiCallConfig)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -190,6 +190,9 @@ def test_per_kind_settings_and_concurrency_bound():
     assert (ref.temperature, ref.max_tokens) == (0.2, None)
     assert (rev.top_p, rev.stop, rev.temperature) == (0.5, (), 0.6)
     assert policy.settings("some-new-role") == policy.default
+    # the baselines' auxiliary kinds send no action stop string; Self-Refine's refine is an action turn
+    assert all(policy.settings(k).stop == () for k in ("critique", "reflect", "value", "assist"))
+    assert policy.settings("refine") == policy.default and policy.tokenizer is None
     with FakeServer(["slow"], slow_s=0.3) as fake:
         cfg = _cfg(fake.base_url, "api.concurrency=2", "api.timeout_s=5")
         start = time.perf_counter()
@@ -197,6 +200,20 @@ def test_per_kind_settings_and_concurrency_bound():
         took = time.perf_counter() - start
     # 4 trials × 3 calls, 0.3 s each, at most 2 at once: ≥ 6 rounds of 0.3 s; unbounded would be 3 rounds
     assert len(archive.calls) == 12 and took >= 6 * 0.3 - 0.05
+
+
+def test_a_local_tokenizer_of_the_served_model_counts_rir_budgets(tmp_path):
+    """``api.tokenizer``: the runners tokenize with the served model's own tokenizer (RIR's auxiliary budgets
+    count its tokens); a missing directory is a clear error naming the field."""
+    from retrojax.model.tokenizer import train_sentencepiece
+
+    train_sentencepiece(["<action>up</action> the box is left of you"] * 50, 300, tmp_path / "tok")
+    policy = make_policy("api:m", _cfg("http://127.0.0.1:9/v1", f"api.tokenizer={tmp_path / 'tok'}"))
+    text = "the box is left of you"
+    ids = policy.tokenizer.encode(text)  # the trained pieces, not bytes
+    assert policy.tokenizer.decode(ids) == text and len(ids) < len(text.encode()) // 2
+    with pytest.raises(ValueError, match="api.tokenizer"):
+        make_policy("api:m", _cfg("http://127.0.0.1:9/v1", f"api.tokenizer={tmp_path / 'none'}"))
 
 
 def test_restore_stop_puts_back_what_the_server_cut():

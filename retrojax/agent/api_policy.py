@@ -31,13 +31,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from retrojax.agent.chat import wrap_tokenizer
 from retrojax.agent.policies import Policy
 from retrojax.agent.trial import Generation, Request, TrialSpec
 
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
-# RIR's auxiliary calls (review, range selection, restore point, patch) are not action turns: no stop strings
-# unless their own section sets some
-_NO_STOP_KINDS = frozenset({"review", "coarse", "fine", "patch"})
+# RIR's auxiliary calls (review, range selection, restore point, patch) and the baselines' (critique,
+# reflection, value, stepwise check) are not action turns: no stop strings unless their own section sets some
+_NO_STOP_KINDS = frozenset({"review", "coarse", "fine", "patch", "critique", "reflect", "value", "assist"})
 
 
 class ApiCallFailed(Exception):
@@ -75,8 +76,8 @@ class Usage:
 
 
 def settings_from_config(api: Any) -> tuple[CallSettings, dict[str, CallSettings]]:
-    """The default settings and the per-kind ones (``api.<kind>.*`` fields left None take the default; RIR's
-    auxiliary kinds default to no stop strings)."""
+    """The default settings and the per-kind ones (``api.<kind>.*`` fields left None take the default; the
+    auxiliary kinds, RIR's and the baselines', default to no stop strings)."""
     default = CallSettings(api.temperature, api.top_p, api.max_tokens, tuple(api.stop))
     kinds = {}
     for f in dataclasses.fields(api):
@@ -111,7 +112,7 @@ class ApiPolicy(Policy):
     def __init__(self, model: str, *, base_url: str, api_key: str, default: CallSettings,
                  kinds: dict[str, CallSettings] | None = None, concurrency: int = 8, timeout_s: float = 60.0,
                  retries: int = 3, backoff_s: float = 0.5, backoff_max_s: float = 8.0, client: Any = None,
-                 enable_thinking: bool | None = None):
+                 enable_thinking: bool | None = None, tokenizer: Any = None):
         if concurrency < 1 or retries < 0 or timeout_s <= 0 or backoff_s < 0 or backoff_max_s < 0:
             raise ValueError("api: needs concurrency >= 1, retries >= 0, timeout_s > 0 and backoffs >= 0")
         if not model:
@@ -128,6 +129,9 @@ class ApiPolicy(Policy):
         self.concurrency, self.retries = concurrency, retries
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.enable_thinking = enable_thinking
+        # the served model's tokenizer when known locally (``api.tokenizer``): the runners record its ids and
+        # RIR counts auxiliary prompt budgets with it; the requests still send text
+        self.tokenizer = wrap_tokenizer(tokenizer) if tokenizer is not None else None
         self.sleep = time.sleep  # tests replace it
         self.protocol_of: dict[int, str] = {}  # trial → protocol, for the batch in progress
         self.usage: dict[tuple[str, int], Usage] = {}  # (protocol, trial) → usage (trial ids restart per run)
@@ -140,10 +144,18 @@ class ApiPolicy(Policy):
         api = cfg.api
         default, kinds = settings_from_config(api)
         key = os.environ.get(api.api_key_env, "") if api.api_key_env else ""
+        tokenizer = None
+        if api.tokenizer:
+            from retrojax.model.tokenizer import load_tokenizer
+
+            try:
+                tokenizer = load_tokenizer(api.tokenizer)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"api.tokenizer: {e}") from e
         return cls(model or api.model or "", base_url=api.base_url, api_key=key or "EMPTY", default=default,
                    kinds=kinds, concurrency=api.concurrency, timeout_s=api.timeout_s, retries=api.retries,
                    backoff_s=api.backoff_s, backoff_max_s=api.backoff_max_s, client=client,
-                   enable_thinking=api.enable_thinking)
+                   enable_thinking=api.enable_thinking, tokenizer=tokenizer)
 
     # --- the policy interface --------------------------------------------------------------------------
     def begin(self, specs: Sequence[TrialSpec], slots: Sequence[int], env: Any) -> None:
