@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--baselines", action="store_true",
                            help="also demonstrate and evaluate the RIR paper's baselines (Self-Refine, "
                                 "Reflexion, LATS, GA-Rollback) with the trained policy in their roles")
+            p.add_argument("--credit", type=int, default=0, metavar="UPDATES",
+                           help="then train the policy this many updates on RIR trials with reviewer credit "
+                                "and without it (the control), from the same start: RIR - ReAct of each")
         if name == "learn":
             p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                            help="override a field of configs/demo.yaml (repeatable)")

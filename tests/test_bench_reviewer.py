@@ -26,12 +26,16 @@ KEYS = [
     *(f"reviewer.rir_minus_{b}" for b in ("self-refine", "reflexion", "lats", "ga-rollback")),
     *(f"reviewer.demo.targets.{r}" for r in ("review", "critique", "value", "assist")),
     "reviewer.aux_calls_per_trial.lats", "reviewer.rollbacks_per_trial.ga-rollback",
+    # --credit 1: one update with reviewer credit and one without, from the same start
+    *(f"reviewer.credit.{arm}.{k}" for arm in ("credit", "control")
+      for k in ("rir_minus_react", "rir_minus_react.ci95_lo", "at_1.success.RIR", "lambda_ref", "s")),
+    "reviewer.credit.gain_over_control", "reviewer.credit.gain_over_control.ci95_hi",
 ]
 
 
 def test_quick_run_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "reviewer.json"
-    assert cli.main(["bench", "reviewer", "--quick", "--baselines", "--json", str(out)]) == 0
+    assert cli.main(["bench", "reviewer", "--quick", "--baselines", "--credit", "1", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
     missing = [k for k in KEYS if k not in figures]
     assert not missing, missing
@@ -42,6 +46,7 @@ def test_quick_run_writes_every_figure(tmp_path, capsys):
     assert (figures["reviewer.calls.review"] > 0) == (figures["reviewer.reviews_per_trial"] > 0)
     lo, m, hi = (figures[f"reviewer.rir_minus_react{s}"] for s in (".ci95_lo", "", ".ci95_hi"))
     assert lo <= m <= hi
+    assert figures["reviewer.credit.control.lambda_ref"] == 0.0 < figures["reviewer.credit.credit.lambda_ref"]
     assert "reviewer.parse.review:" in capsys.readouterr().out
 
 

@@ -312,8 +312,105 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
     return figures
 
 
+def rir_vs_react(cfg: Any, model: Any, tokenizer: Any, levels: int, seeds: int = 1) -> dict[str, float]:
+    """RIR and ReAct with ``model`` in every role on the first ``levels`` held-out levels (one paired
+    batch): success of each, RIR − ReAct with its level-clustered interval, RIR's rollbacks and review
+    parse rate; ``_runs`` holds RIR − ReAct per (seed, level, replicate) for differences between runs."""
+    from retrojax.agent.env_api import make_env
+    from retrojax.agent.policies import ModelPolicy
+    from retrojax.agent.rir.policies import RIRModelPolicy
+    from retrojax.agent.rir.runner import run_rir
+
+    env = make_env(cfg, f"{cfg.env.split.split(':')[0]}:test")
+    try:
+        policy = RIRModelPolicy(ModelPolicy.from_config(cfg, model, tokenizer))
+        batch = run_rir(cfg, policy, task_ids=range(min(levels, env.num_tasks)), seeds=range(seeds),
+                        trials_per_task=1, protocols=["RIR/react", "RIR"], env=env)
+    finally:
+        env.close()
+    rir, react = _outcomes(batch.records, "RIR"), _outcomes(batch.records, "RIR/react")
+    m, lo, hi, _ = clustered_difference(rir, react)
+    recs = [r for r in batch.records if r.protocol == "RIR"]
+    reviews = sum(r.aux_by_role["review"] for r in recs)
+    unread = sum(r.parse_problems_by_role["review"] for r in recs)
+    return {"success.RIR": float(np.mean(list(rir.values()))),
+            "success.react": float(np.mean(list(react.values()))),
+            "rir_minus_react": m, "rir_minus_react.ci95_lo": lo, "rir_minus_react.ci95_hi": hi,
+            "rollbacks_per_trial": float(np.mean([r.rollbacks for r in recs])),
+            "parse.review": 1.0 - unread / reviews if reviews else 0.0,
+            "_runs": {k: rir[k] - react[k] for k in rir.keys() & react.keys()}}
+
+
+def _checker(arm: str, cfg: Any, tokenizer: Any, sizes: Sizes, curve: list[dict],
+             log: Callable[[str], None]) -> Callable[[Any, int], dict]:
+    """The learner's ``evaluate`` for one arm: RIR vs ReAct on the held-out levels, kept in ``curve``."""
+
+    def check(model: Any, iteration: int) -> dict:
+        found = rir_vs_react(cfg, model, tokenizer, sizes.levels, sizes.seeds)
+        curve.append({"update": iteration, **found})
+        log(f"[bench reviewer] {arm} update {iteration}: RIR − ReAct {found['rir_minus_react']:+.3f} "
+            f"[{found['rir_minus_react.ci95_lo']:+.3f}, {found['rir_minus_react.ci95_hi']:+.3f}]")
+        return {k: v for k, v in found.items() if not k.startswith("_")}
+
+    return check
+
+
+def credit_arms(cfg: Any, policy_dir: Path, tokenizer: Any, sizes: Sizes, updates: int, out: Path,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """Reviewer credit (:mod:`retrojax.learn.rir_credit`) against its control from the same trained start:
+    ``updates`` learner updates on RIR trials of the training levels with ``learn.lambda_ref`` (the credit
+    arm) and with 0 (the agent's outcome term only), RIR vs ReAct on the held-out levels every
+    ``updates // 3`` updates and at the end; the difference of the arms' RIR − ReAct, paired by level."""
+    import jax.numpy as jnp
+
+    from retrojax import config as config_lib
+    from retrojax.learn.rir_credit import RIRCollect
+    from retrojax.learn.trainer import Trainer
+    from retrojax.model.checkpoint import from_pretrained
+
+    figures: dict[str, Any] = {}
+    lam = float(cfg.learn.lambda_ref) or 1.0
+    final: dict[str, dict] = {}
+    for arm, lam_arm in (("credit", lam), ("control", 0.0)):
+        learn = {"lambda_ref": lam_arm, "updates": updates, "train_tasks": None, "checkpoint_every": updates}
+        arm_cfg = config_lib.replace(cfg, learn=learn, eval={"every": max(1, updates // 3)},
+                                     run={"out_dir": str(out / arm)})
+        model = from_pretrained(str(policy_dir), dtype=jnp.dtype(cfg.model.dtype))  # the same start
+        curve: list[dict] = []
+        collect = RIRCollect(arm_cfg, tokenizer)
+        t0 = time.perf_counter()
+        try:
+            trainer = Trainer(arm_cfg, model, tokenizer, collect=collect, credit=collect.credit,
+                              evaluate=_checker(arm, arm_cfg, tokenizer, sizes, curve, log),
+                              tensorboard=False, progress=False)
+            history = trainer.fit()
+        finally:
+            collect.close()
+        key = f"reviewer.credit.{arm}"
+        figures[f"{key}.s"] = time.perf_counter() - t0
+        figures[f"{key}.lambda_ref"] = lam_arm
+        figures[f"{key}.train_success_first"] = float(history[0].get("rollout/success", 0.0))
+        figures[f"{key}.train_success_last"] = float(history[-1].get("rollout/success", 0.0))
+        figures[f"{key}.recoveries_credited"] = float(sum(h.get("credit/recoveries", 0.0) for h in history))
+        for point in curve:
+            for k, v in point.items():
+                if k not in ("update", "_runs"):
+                    figures[f"{key}.at_{point['update']}.{k}"] = v
+        final[arm] = curve[-1]
+        for k, v in curve[-1].items():
+            if k not in ("update", "_runs"):
+                figures[f"{key}.{k}"] = v
+    m, lo, hi, _ = clustered_difference(final["credit"]["_runs"], final["control"]["_runs"])
+    figures["reviewer.credit.gain_over_control"] = m
+    figures["reviewer.credit.gain_over_control.ci95_lo"] = lo
+    figures["reviewer.credit.gain_over_control.ci95_hi"] = hi
+    figures["reviewer.credit.updates"] = updates
+    return figures
+
+
 def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "configs/rir_reviewer.yaml",
-        overrides: Sequence[str] = (), sizes: Sizes | None = None, baselines: bool = False) -> dict[str, Any]:
+        overrides: Sequence[str] = (), sizes: Sizes | None = None, baselines: bool = False,
+        credit: int = 0) -> dict[str, Any]:
     """Train the policy and evaluate it; returns the figures (see the module docstring)."""
     from retrojax import config as config_lib
 
@@ -323,7 +420,9 @@ def run(quick: bool = False, log: Callable[[str], None] = print, config: str = "
     t0 = time.perf_counter()
     model, tokenizer, figures = train_policy(cfg, sizes, out, log)
     figures.update(evaluate(cfg, model, tokenizer, sizes, log))
-    figures["reviewer.wall_s"] = time.perf_counter() - t0
+    figures["reviewer.wall_s"] = time.perf_counter() - t0  # the trained policy and its evaluation
+    if credit > 0:
+        figures.update(credit_arms(cfg, Path(figures["reviewer.policy"]), tokenizer, sizes, credit, out, log))
     for protocol, n in sizes.episodes.items():
         figures[f"reviewer.demo_episodes.{protocol.replace('RIR/', '')}"] = int(n)
     figures["reviewer.protocols"] = ",".join(sizes.protocols)
@@ -338,7 +437,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         figures = run(quick=bool(args.quick), log=lambda line: print(line, file=sys.stderr),
                       overrides=list(getattr(args, "overrides", None) or []),
-                      baselines=bool(getattr(args, "baselines", False)))
+                      baselines=bool(getattr(args, "baselines", False)),
+                      credit=int(getattr(args, "credit", 0) or 0))
     except (ConfigError, ValueError) as e:
         print(f"retrojax bench reviewer: {e}", file=sys.stderr)
         return 2

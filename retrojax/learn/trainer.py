@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from retrojax.agent.archive import Archive
-from retrojax.learn.advantages import advantages_from_config
+from retrojax.learn.advantages import Advantages, advantages_from_config
 from retrojax.learn.batch import Microbatch, plan_batches
 from retrojax.learn.checkpoint import TrainCheckpoints
 from retrojax.learn.collect import (
@@ -73,6 +73,9 @@ class Collect(Protocol):
 
 
 Evaluate = Callable[[Any, int], dict]  # (model, iteration) -> metrics
+# (archive, learn config) -> advantages; default: ReTRAIL's (advantages_from_config); RIR's reviewer credit is
+# retrojax.learn.rir_credit
+Credit = Callable[[Archive, Any], Advantages]
 
 
 @dataclasses.dataclass
@@ -187,7 +190,7 @@ class Trainer:
     """ReTRAIL's learner around one policy model (see the module docstring)."""
 
     def __init__(self, cfg: Any, model: Any, tokenizer: Any = None, *, collect: Collect | None = None,
-                 evaluate: Evaluate | None = None, num_tasks: int | None = None,
+                 evaluate: Evaluate | None = None, credit: Credit | None = None, num_tasks: int | None = None,
                  pool: Sequence[int] | None = None,
                  out_dir: str | Path | None = None, tensorboard: bool = True, progress: bool = True,
                  programs: Ledger | None = None):
@@ -199,6 +202,7 @@ class Trainer:
         self.progress = progress
         self.collect = collect if collect is not None else default_collect(cfg, tokenizer)
         self.evaluate = evaluate if evaluate is not None else default_evaluate(cfg, tokenizer)
+        self.credit = credit if credit is not None else advantages_from_config
         # The RL pool (retrojax.learn.pool): task ids, revisited in a seeded order every epoch. Given by
         # the caller, else the first learn.train_tasks levels, or learn.pool_lengths' on the collector's env.
         env = getattr(self.collect, "env", None)
@@ -364,7 +368,7 @@ class Trainer:
     def _learn(self, archive: Archive, rollout: dict, tasks: list[int], t0: float, t1: float
                ) -> dict[str, float]:
         """Advantages, microbatches, the log-prob check and the optimizer steps of one iteration."""
-        adv = advantages_from_config(archive, self.learn)
+        adv = self.credit(archive, self.learn)
         rng = np.random.default_rng([self.cfg.run.seed, self.iteration])
         lc = self.learn
         plan = plan_batches(archive, adv, lambda_ref=lc.lambda_ref, seq_buckets=lc.seq_buckets,

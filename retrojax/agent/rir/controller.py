@@ -150,11 +150,14 @@ class RIRRecord:
     invalid_turns: int = 0
     steps: int = 0  # length t of the final path
     final_score: float = 0.0
+    final_value: float = 0.0  # the world's branch value of the final path from C_0 (training credit only)
     dense_reward: float = 0.0
     distinct_states: int = 0
     horizons: list[float] = dataclasses.field(default_factory=list)  # L after every change
     max_unreviewed: int = 0  # most agent replies in a row without a review (scheduled variants)
-    restores: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # t, l, u, r, trigger, …
+    # per restore: t, l, u, r, trigger, after_call (calls made before it), v_abandoned / v_resumed (the
+    # world's branch value from C_r of the abandoned branch and of the one resumed there: reviewer credit)
+    restores: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     restore_ok: list[bool] = dataclasses.field(default_factory=list)  # world state == C_r's recorded state
     memory_changes: int = 0
     restores_refused: int = 0  # Rollback verdicts not acted on: fewer than min_calls_for_restore calls left
@@ -859,12 +862,27 @@ class RIRTrial:
         self.record.memory_changes += m.version != before
         return self._restore()
 
+    def _branch_value(self, start: int) -> float:
+        """V(branch | C_start) of the current path from ``C_start`` to its end: the world's hidden progress
+        measure, for training credit only (never shown to a role)."""
+        nodes = self.path[start:]
+        return float(self.env.branch_value([n.progress for n in nodes], nodes[-1].solved, nodes[-1].failed))
+
+    def _close_resumed(self) -> None:
+        """Record what the branch resumed at the latest restore reached (its end is now: the next restore or
+        the trial's end), beside what the abandoned branch had reached (``v_abandoned``)."""
+        last = self.record.restores[-1] if self.record.restores else None
+        if last is not None and "v_resumed" not in last and last["r"] < len(self.path):
+            last["v_resumed"] = self._branch_value(last["r"])
+
     def _restore(self) -> EnvOp | None:
         """Apply the recovery: rewind the world to C_r (r < t) or only drop the pending action (k = 0)."""
         rec, r, t = self.rec, self.rec["r"], self.t
         self.record.recoveries += 1
+        self._close_resumed()
         self.record.restores.append(
             {
+                "v_abandoned": self._branch_value(r),
                 "t": t,
                 "lo": rec.get("lo", r),
                 "hi": rec.get("hi", r),
@@ -927,12 +945,14 @@ class RIRTrial:
     def _end(self, reason: str) -> None:
         self.phase = DONE
         self.pending = None
+        self._close_resumed()
         r = self.record
         last = self.path[-1]
         r.end_reason = reason
         r.success = reason == "success"
         r.steps = self.t
         r.final_score = float(last.score)
+        r.final_value = self._branch_value(0)
         r.distinct_states = len(self.states_seen)
         if (
             self.world in ("scienceworld", "alfworld")
