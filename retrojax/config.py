@@ -269,6 +269,9 @@ class RIRConfig:
     max_review_tokens: int = 384
     max_select_tokens: int = 96
     max_patch_tokens: int = 384
+    # ours: the local model's sampling temperature for the auxiliary roles (RIR's and the baselines'); None:
+    # sampler.temperature. A served model's are api.<kind>.temperature
+    aux_temperature: float | None = None
     oracle_noise: float = 0.0  # scripted oracle reviewer: chance of flipping a verdict
     oracle_stall: int = 4  # scripted oracle reviewer: steps without progress that count as a stall
     range_l_min: tuple[int, ...] = (2, 4, 6)  # the (L_min, L_max) sweep of `retrojax rir --table range`

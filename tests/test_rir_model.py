@@ -92,3 +92,23 @@ def _env(cfg):
     from retrojax.agent.env_api import make_env
 
     return make_env(cfg, "sokoban-6x6-2:test")
+
+
+def test_aux_temperature_zero_makes_auxiliary_replies_greedy(tiny):
+    """``rir.aux_temperature`` = 0: every auxiliary reply is the model's argmax continuation of its prompt
+    (the agent keeps ``sampler.temperature``); a negative temperature is refused."""
+    model, tok = tiny
+    cfg = config.load("configs/sokoban_tiny.yaml")
+    inner = ModelPolicy(model, tok, max_len=4096, temperature=1.0, seed=3, chunk_buckets=(128, 512, 2048))
+    s = Settings(schedule=Schedule(1, 1, 1), rollback_budget=2, agent_budget=3, max_new_tokens=8,
+                 max_review_tokens=6, max_select_tokens=4, max_patch_tokens=6)
+    batch = RIRRunner(cfg, _env(cfg), RIRModelPolicy(inner, aux_temperature=0.0), settings=s).run(
+        make_specs([0, 1], [0], 1, ["RIR"]))
+    aux = [c for c in batch.archive.calls if c.role != "execution" and c.output_ids.size]
+    assert aux and inner.aux_temperature == 0.0 and inner.temperature == 1.0
+    for c in aux[:3]:
+        ids = np.concatenate([c.prompt_ids, c.output_ids])
+        logits = np.asarray(model(ids[None, :-1]))[0, c.prompt_ids.size - 1:]
+        assert np.array_equal(logits.argmax(-1), c.output_ids)
+    with pytest.raises(ValueError, match="aux_temperature"):
+        RIRModelPolicy(ModelPolicy(model, tok, max_len=64), aux_temperature=-1.0)

@@ -278,6 +278,7 @@ class ModelPolicy(Policy):
         self.raw_tokenizer = tokenizer
         self.tokenizer = wrap_tokenizer(tokenizer)
         self.max_len, self.temperature, self.top_p, self.top_k = max_len, temperature, top_p, top_k
+        self.aux_temperature: float | None = None  # calls other than the agent's move (None: temperature)
         self.chunk_buckets = tuple(chunk_buckets)
         self.stop_strings, self.reflection_stop_strings = tuple(stop_strings), tuple(reflection_stop_strings)
         self.seed = seed
@@ -363,7 +364,8 @@ class ModelPolicy(Policy):
             if not group:
                 continue
             max_new = max(r.max_new_tokens for r in group)
-            gens = self.sampler.generate([r.slot for r in group], max_new, temperature=self.temperature,
+            temperature = self.temperature if i == 0 or self.aux_temperature is None else self.aux_temperature
+            gens = self.sampler.generate([r.slot for r in group], max_new, temperature=temperature,
                                          top_p=self.top_p, top_k=self.top_k, stop_token_ids=stop_ids,
                                          stop_strings=stops, key=jax.random.fold_in(key, i))
             for r, g in zip(group, gens, strict=True):

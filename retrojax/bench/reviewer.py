@@ -1,27 +1,36 @@
 """``retrojax bench reviewer``: one small policy trained to act AND to fill every RIR role, then RIR against
 ReAct with that policy in the loop (issue 53's measurement; figures, not a timed test).
 
-The run, from a fresh start at the demo's model size (``configs/demo.yaml``: a 2-layer Qwen3, the demo's
-sentencepiece vocabulary, its SFT warm start):
+The run, from a fresh start at the demo's model size (``configs/rir_reviewer.yaml``: the demo's 2-layer
+Qwen3 and SFT warm start, RIR's limits for it):
 
 1. role demonstrations (:mod:`retrojax.learn.role_demos`): the visible oracle plays RIR and its ablations
    through the real controller on the training levels, so every role — agent, reviewer, coarse and fine
    selectors, patcher — is recorded with exactly the prompt the controller sends it, labelled from what that
-   prompt shows; the ReAct episodes are the execution demonstrations of ReAct's prompt;
+   prompt shows; the ReAct episodes are the execution demonstrations of ReAct's prompt. RIR itself gets 480
+   episodes, the others 80 each: only RIR makes coarse and fine calls;
 2. a tokenizer trained on that text (as the demo trains its own), then the same trials replayed with it;
 3. the demo's SFT warm start (:func:`retrojax.learn.warm_start.warm_start`) on those calls;
-4. RIR, ReAct (``RIR/react``) and, unless ``--quick``, RIR/no-rollback and RIR/restart with the trained
-   policy through the real controller on the same held-out levels and seeds (one paired batch).
+4. RIR, ReAct (``RIR/react``), RIR/no-rollback and RIR/restart with the trained policy through the real
+   controller on the same 64 held-out levels and seeds (one paired batch; ``--quick``: 2 levels, 2 variants);
+5. ``--baselines``: the RIR paper's baselines (Self-Refine, Reflexion, LATS, GA-Rollback) demonstrated by the
+   visible oracle in their roles too (critique, reflect, value, assist) and evaluated in the same batch;
+6. ``--credit N``: reviewer credit (:mod:`retrojax.learn.rir_credit`) — N learner updates on RIR trials of
+   the training levels from the trained policy with ``learn.lambda_ref`` and, as the control, with 0; RIR vs
+   ReAct on the held-out levels every N // 3 updates.
 
 Figures (stable keys):
 
 - ``reviewer.parse.{review,coarse,fine,patch}``: fraction of the model's replies of that role that parse with
   no fallback, pooled over the variants that call the role (goal ≥ 0.9 each); ``reviewer.calls.<role>`` the
-  number of such replies; ``reviewer.verdict_read``: reviews whose verdict could be read;
-- ``reviewer.rollbacks_per_trial`` (RIR), ``reviewer.success.<variant>`` (+ ``.ci95_lo/hi``, Wilson);
+  number of such replies; ``reviewer.problems.<role>`` the most frequent reasons a reply fell back;
+  ``reviewer.verdict_read``: reviews whose verdict could be read; with ``--baselines`` also
+  ``reviewer.parse.{critique,reflect,value,assist}``;
+- ``reviewer.rollbacks_per_trial`` (RIR), ``reviewer.success.<variant>`` (+ ``.ci95_lo/hi``, Wilson),
+  ``reviewer.{aux_calls,rollbacks,invalid}_per_trial.<variant>``;
 - ``reviewer.rir_minus_react`` (+ ``.ci95_lo/hi``): RIR − ReAct success, paired by (level, seed, replicate),
   the interval clustered by level (per-level mean differences; normal approximation); also
-  ``reviewer.rir_minus_<variant>`` for the ablations run;
+  ``reviewer.rir_minus_<variant>`` for every other variant run;
 - ``reviewer.review_agreement``: reviews whose verdict equals the visible oracle's on the same state;
   ``reviewer.restore_precision``: executed restores (RIR) at the visible oracle's restore point on the same
   path (:func:`retrojax.agent.rir.policies.visible_restore`), with ``reviewer.restores`` their number;
@@ -30,14 +39,16 @@ Figures (stable keys):
   ``sft.seq_len``) and the warm start (steps, held-out NLL); ``reviewer.longest.<role>`` the longest
   demonstration prompt and reply in tokens beside the limits they must fit (``rir.prompt_budget``,
   ``rir.max_*_tokens``, ``sft.seq_len``);
-- ``reviewer.wall_s`` (whole run) and ``reviewer.{demos,sft,eval}_s``; ``reviewer.policy``: the trained
-  policy exported with its tokenizer (for ``--policy model:DIR`` or ``retrojax serve``).
+- ``reviewer.wall_s`` (training and evaluation) and ``reviewer.{demos,sft,eval}_s``; ``reviewer.policy``: the
+  trained policy exported with its tokenizer (for ``--policy model:DIR`` or ``retrojax serve``);
+- ``--credit``: ``reviewer.credit.<arm>.*`` (arm ``credit`` or ``control``) — RIR − ReAct with its interval,
+  success of each, RIR's rollbacks and review parse rate at the end and at each check (``.at_<update>.``),
+  the training batches' first and last success, the recoveries credited, the arm's seconds; and
+  ``reviewer.credit.gain_over_control`` (+ ``.ci95_lo/hi``): the credit arm's RIR − ReAct minus the
+  control's, paired by level.
 
-Sizes: 160 demonstration episodes per variant, 300 SFT steps, 16 held-out levels x 1 seed (measured in
-docs/rir.md); ``--quick`` runs the same path at tiny sizes.
-
-Goal (issue 53): every parse rate ≥ 0.9 within 20 minutes on the 2-core CPU. No threshold on RIR's gain: the
-bench reports what it measures.
+Goal (issue 53): every parse rate ≥ 0.9 within 20 minutes on the 2-core CPU (steps 1–4). No threshold on
+RIR's gain: the bench reports what it measures.
 """
 
 from __future__ import annotations
@@ -250,7 +261,8 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
     from retrojax.eval.rir.metrics import summarize
 
     env = make_env(cfg, f"{cfg.env.split}:test")
-    policy = OracleCheck(RIRModelPolicy(ModelPolicy.from_config(cfg, model, tokenizer)))
+    inner = ModelPolicy.from_config(cfg, model, tokenizer)
+    policy = OracleCheck(RIRModelPolicy(inner, cfg.rir.aux_temperature))
     t0 = time.perf_counter()
     try:
         levels = range(min(sizes.levels, env.num_tasks))
@@ -323,7 +335,7 @@ def rir_vs_react(cfg: Any, model: Any, tokenizer: Any, levels: int, seeds: int =
 
     env = make_env(cfg, f"{cfg.env.split.split(':')[0]}:test")
     try:
-        policy = RIRModelPolicy(ModelPolicy.from_config(cfg, model, tokenizer))
+        policy = RIRModelPolicy(ModelPolicy.from_config(cfg, model, tokenizer), cfg.rir.aux_temperature)
         batch = run_rir(cfg, policy, task_ids=range(min(levels, env.num_tasks)), seeds=range(seeds),
                         trials_per_task=1, protocols=["RIR/react", "RIR"], env=env)
     finally:

@@ -501,9 +501,13 @@ class RIRModelPolicy:
         "aux_encoded_tokens",
     )
 
-    def __init__(self, inner: Any):
+    def __init__(self, inner: Any, aux_temperature: float | None = None):
         self.inner = inner
         self.tokenizer = inner.tokenizer
+        if aux_temperature is not None:  # the auxiliary roles' sampling temperature (rir.aux_temperature)
+            if not aux_temperature >= 0.0:
+                raise ValueError(f"rir.aux_temperature must be >= 0, got {aux_temperature}")
+            inner.aux_temperature = float(aux_temperature)
         self.offset = 0
         self.counts = dict.fromkeys(self._KEYS, 0)
         self.last_kind: dict[int, str] = {}
@@ -572,5 +576,5 @@ def as_rir_policy(policy: Any, cfg: Any = None) -> Any:
     if isinstance(policy, RandomPolicy):
         return RIRRandomPolicy()
     if isinstance(policy, ModelPolicy):
-        return RIRModelPolicy(policy)
+        return RIRModelPolicy(policy, getattr(r, "aux_temperature", None))
     return policy
