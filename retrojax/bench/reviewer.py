@@ -7,7 +7,7 @@ Qwen3 and SFT warm start, RIR's limits for it):
 1. role demonstrations (:mod:`retrojax.learn.role_demos`): the visible oracle plays RIR and its ablations
    through the real controller on the training levels, so every role — agent, reviewer, coarse and fine
    selectors, patcher — is recorded with exactly the prompt the controller sends it, labelled from what that
-   prompt shows; the ReAct episodes are the execution demonstrations of ReAct's prompt. RIR itself gets 480
+   prompt shows; the ReAct episodes are the execution demonstrations of ReAct's prompt. RIR itself gets 800
    episodes, the others 80 each: only RIR makes coarse and fine calls;
 2. a tokenizer trained on that text (as the demo trains its own), then the same trials replayed with it;
 3. the demo's SFT warm start (:func:`retrojax.learn.warm_start.warm_start`) on those calls;
@@ -17,7 +17,7 @@ Qwen3 and SFT warm start, RIR's limits for it):
    visible oracle in their roles too (critique, reflect, value, assist) and evaluated in the same batch;
 6. ``--credit N``: reviewer credit (:mod:`retrojax.learn.rir_credit`) — N learner updates on RIR trials of
    the training levels from the trained policy with ``learn.lambda_ref`` and, as the control, with 0; RIR vs
-   ReAct on the held-out levels every N // 3 updates.
+   ReAct on the held-out levels every N // 2 updates.
 
 Figures (stable keys):
 
@@ -94,7 +94,7 @@ class Sizes:
             "RIR", "RIR/react", "RIR/no-rollback", "RIR/restart")
         # per protocol; RIR weighed up: only its trials make coarse and fine calls (one of each per rollback)
         self.episodes = dict.fromkeys(self.demo_protocols, 4) if quick else {
-            "RIR": 480, "RIR/react": 80, "RIR/no-rollback": 80, "RIR/restart": 80}
+            "RIR": 800, "RIR/react": 80, "RIR/no-rollback": 80, "RIR/restart": 80}
         self.corpus_episodes = 4 if quick else 48  # byte-level pass whose text trains the tokenizer
         self.epsilon = 0.4
         self.levels = 2 if quick else 64
@@ -372,7 +372,7 @@ def credit_arms(cfg: Any, policy_dir: Path, tokenizer: Any, sizes: Sizes, update
     """Reviewer credit (:mod:`retrojax.learn.rir_credit`) against its control from the same trained start:
     ``updates`` learner updates on RIR trials of the training levels with ``learn.lambda_ref`` (the credit
     arm) and with 0 (the agent's outcome term only), RIR vs ReAct on the held-out levels every
-    ``updates // 3`` updates and at the end; the difference of the arms' RIR − ReAct, paired by level."""
+    ``updates // 2`` updates and at the end; the difference of the arms' RIR − ReAct, paired by level."""
     import jax.numpy as jnp
 
     from retrojax import config as config_lib
@@ -385,7 +385,7 @@ def credit_arms(cfg: Any, policy_dir: Path, tokenizer: Any, sizes: Sizes, update
     final: dict[str, dict] = {}
     for arm, lam_arm in (("credit", lam), ("control", 0.0)):
         learn = {"lambda_ref": lam_arm, "updates": updates, "train_tasks": None, "checkpoint_every": updates}
-        arm_cfg = config_lib.replace(cfg, learn=learn, eval={"every": max(1, updates // 3)},
+        arm_cfg = config_lib.replace(cfg, learn=learn, eval={"every": max(1, updates // 2)},
                                      run={"out_dir": str(out / arm)})
         model = from_pretrained(str(policy_dir), dtype=jnp.dtype(cfg.model.dtype))  # the same start
         curve: list[dict] = []
