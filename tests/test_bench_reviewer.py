@@ -21,6 +21,7 @@ KEYS = [
     "reviewer.restore_precision", "reviewer.review_agreement",
     "reviewer.wall_s", "reviewer.demos_s", "reviewer.sft_s", "reviewer.eval_s",
     "reviewer.success.RIR", "reviewer.success.react", "reviewer.tokens_per_trial.RIR",
+    "reviewer.seconds_per_trial.RIR", "reviewer.seconds_per_trial.react",
     # --baselines: the paper's baselines demonstrated and run with the same policy in their roles
     *(f"reviewer.parse.{r}" for r in ("critique", "reflect", "value", "assist")),
     *(f"reviewer.rir_minus_{b}" for b in ("self-refine", "reflexion", "lats", "ga-rollback")),

@@ -34,7 +34,8 @@ Figures (stable keys):
 - ``reviewer.review_agreement``: reviews whose verdict equals the visible oracle's on the same state;
   ``reviewer.restore_precision``: executed restores (RIR) at the visible oracle's restore point on the same
   path (:func:`retrojax.agent.rir.policies.visible_restore`), with ``reviewer.restores`` their number;
-- ``reviewer.tokens_per_trial.<variant>``: prompt + reply tokens over a trial's calls (the cost of reviewing);
+- ``reviewer.tokens_per_trial.<variant>``: prompt + reply tokens over a trial's calls (the cost of reviewing),
+  ``reviewer.seconds_per_trial.<variant>``: wall time per trial (the batch's groups hold one variant each);
 - ``reviewer.demo.*`` and ``reviewer.sft.*``: the demonstrations (calls per role, dropped as longer than
   ``sft.seq_len``) and the warm start (steps, held-out NLL); ``reviewer.longest.<role>`` the longest
   demonstration prompt and reply in tokens beside the limits they must fit (``rir.prompt_budget``,
@@ -266,8 +267,13 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
     t0 = time.perf_counter()
     try:
         levels = range(min(sizes.levels, env.num_tasks))
+        # groups of one variant each (the largest divisor of a variant's trials within the sampler's rows),
+        # so each group's wall time is one variant's
+        per_variant = len(levels) * sizes.seeds
+        rows = min(per_variant, cfg.sampler.inflight_rows() or per_variant)
+        group = max(d for d in range(1, rows + 1) if per_variant % d == 0)
         batch = run_rir(cfg, policy, task_ids=levels, seeds=range(sizes.seeds), trials_per_task=1,
-                        protocols=list(sizes.protocols), env=env)
+                        protocols=list(sizes.protocols), env=env, batch_size=group)
     finally:
         env.close()
     figures: dict[str, Any] = {"reviewer.eval_s": time.perf_counter() - t0,
@@ -320,6 +326,15 @@ def evaluate(cfg: Any, model: Any, tokenizer: Any, sizes: Sizes, log: Callable[[
         tokens[rec.protocol].append(per_trial[rec.trial])
     for name, xs in tokens.items():
         figures[f"reviewer.tokens_per_trial.{name.replace('RIR/', '')}"] = float(np.mean(xs))
+    # wall time per trial of each variant: the batch runs in groups of one protocol each (specs are ordered
+    # by protocol), so a group's seconds are its protocol's
+    spent: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for g in batch.groups:
+        if len(g["protocols"]) == 1:
+            spent[g["protocols"][0]][0] += g["seconds"]
+            spent[g["protocols"][0]][1] += g["trials"]
+    for name, (sec, n) in spent.items():
+        figures[f"reviewer.seconds_per_trial.{name.replace('RIR/', '')}"] = sec / n
     log(f"[bench reviewer] {len(batch.records)} trials in {figures['reviewer.eval_s']:.0f}s")
     return figures
 
